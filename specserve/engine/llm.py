@@ -1,0 +1,87 @@
+"""The public API, in the style of vLLM: LLM(...).generate(prompts, SamplingParams(...))."""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Union
+
+from tqdm.auto import tqdm
+
+from ..config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from ..types import CompletionOutput, Request, RequestOutput, SamplingParams
+from .llm_engine import LLMEngine
+
+Prompt = Union[str, list[int]]
+# on_text(prompt index, sample index, new text, finished)
+TextCallback = Callable[[int, int, str, bool], None]
+
+
+class LLM:
+    """A language model ready to generate.
+
+    LLM()                                  the embedded SmolLM2-135M-Instruct (GGUF, Q4_1)
+    LLM("model.gguf") / LLM("hf_dir/")     any supported Llama-family model
+    dtype: "auto" (float32; on CPU with GGUF block kernels), "float32", "bfloat16", "float16" (CUDA)
+    """
+
+    def __init__(self, model: Optional[str] = None, dtype: str = "auto", device: str = "cpu",
+                 block_kernels: bool = True, num_threads: Optional[int] = None, kv_cache_gib: float = 1.0,
+                 block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
+                 max_model_len: Optional[int] = None):
+        self.config = EngineConfig(
+            model=ModelConfig(model=model, dtype=dtype, device=device, block_kernels=block_kernels,
+                              num_threads=num_threads),
+            cache=CacheConfig(block_size=block_size, kv_cache_gib=kv_cache_gib),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                      max_model_len=max_model_len),
+        )
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]], params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = False, on_text: Optional[TextCallback] = None) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order. A prompt is a string or a list of token ids."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        params = params or SamplingParams()
+        param_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(param_list) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(param_list)} SamplingParams")
+        groups: list[list[Request]] = []
+        texts: list[Optional[str]] = []
+        for prompt, p in zip(prompts, param_list):
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            texts.append(prompt if isinstance(prompt, str) else None)
+            groups.append(self.engine.add_request(ids, p))
+        where = {r.request_id: (gi, r.sample_index) for gi, g in enumerate(groups) for r in g}
+        total = sum(len(g) for g in groups)
+        bar = tqdm(total=total, desc="generate", disable=not use_tqdm, unit="seq")
+        while self.engine.has_unfinished():
+            for req, delta in self.engine.step():
+                if on_text is not None and (delta or req.is_finished):
+                    gi, si = where[req.request_id]
+                    on_text(gi, si, delta, req.is_finished)
+                if req.is_finished:
+                    bar.update(1)
+        bar.close()
+        return [self._output(g, t) for g, t in zip(groups, texts)]
+
+    def chat(self, messages: Union[list[dict], Sequence[list[dict]]], params: Optional[SamplingParams] = None,
+             **kwargs) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation (a list of {"role", "content"}) and generate."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self.tokenizer.encode(self.tokenizer.apply_chat_template(c), add_special_tokens=False) for c in convs]
+        return self.generate(prompts, params, **kwargs)
+
+    @staticmethod
+    def _output(group: list[Request], prompt: Optional[str]) -> RequestOutput:
+        outs = []
+        for r in group:
+            n = len(r.output_token_ids)
+            ttft = None if r.first_token_time is None else r.first_token_time - r.arrival_time
+            tpot = (r.finish_time - r.first_token_time) / (n - 1) if n > 1 and r.finish_time else None
+            outs.append(CompletionOutput(
+                index=r.sample_index, text=r.text, token_ids=list(r.output_token_ids),
+                finish_reason=r.finish_reason.value if r.finish_reason else None, stop_reason=r.stop_reason,
+                logprobs=list(r.output_logprobs) if r.params.logprobs else None,
+                time_to_first_token=ttft, per_token_latency=tpot))
+        return RequestOutput(group[0].group_id, prompt, list(group[0].prompt_token_ids), outs)

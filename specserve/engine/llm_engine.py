@@ -1,0 +1,152 @@
+"""The step loop: schedule -> run the model -> sample -> append, detokenise, stop, free."""
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Optional
+
+import torch
+
+from ..config import EngineConfig
+from ..kv.block_manager import BlockManager
+from ..kv.cache import KVCache
+from ..loading import IncrementalDetokenizer, load_model_files
+from ..models import build_model
+from ..sampling.sampler import make_generator, sample
+from ..scheduler.scheduler import Scheduler
+from ..types import FinishReason, Request, RequestStatus, SamplingParams
+from .runner import ModelRunner
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        mc = config.model
+        if mc.num_threads:
+            torch.set_num_threads(mc.num_threads)
+        self.device = torch.device(mc.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device cuda requested but torch sees no CUDA device")
+        self.dtype = _DTYPES[mc.resolved_dtype()]
+        if self.dtype == torch.float16 and self.device.type == "cpu":
+            raise ValueError("float16 is for CUDA; on CPU use float32 (default) or bfloat16")
+        t0 = time.perf_counter()
+        self.model_path, self.arch, weights, self.tokenizer = load_model_files(mc.model, keep_quantized=mc.block_kernels)
+        self.max_model_len = config.scheduler.max_model_len or self.arch.max_position_embeddings
+        self.model = build_model(self.arch, weights, self.dtype, self.device, use_blocks=mc.block_kernels,
+                                 max_len=self.max_model_len)
+        del weights
+        self.load_time = time.perf_counter() - t0
+
+        cc = config.cache
+        per_block = KVCache.bytes_per_block(self.arch.num_hidden_layers, cc.block_size, self.arch.num_key_value_heads,
+                                            self.arch.head_dim, self.dtype)
+        num_blocks = cc.num_blocks or max(1, int(cc.kv_cache_gib * 2**30) // per_block)
+        self.kv = KVCache(self.arch.num_hidden_layers, num_blocks, cc.block_size, self.arch.num_key_value_heads,
+                          self.arch.head_dim, self.dtype, self.device)
+        self.scheduler = Scheduler(BlockManager(num_blocks, cc.block_size), config.scheduler.max_num_seqs,
+                                   config.scheduler.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.kv, self.device)
+        self._ids = itertools.count()
+        self._generators: dict[str, torch.Generator] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._siblings: dict[str, list[Request]] = {}  # leader id -> siblings waiting for its prompt KV
+
+    # --- requests -----------------------------------------------------------------------------
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> list[Request]:
+        """Queue one prompt; returns its n sample requests (the first is the leader that prefills)."""
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens; the model's context is {self.max_model_len}")
+        vocab = self.arch.vocab_size
+        if max(prompt_token_ids) >= vocab or min(prompt_token_ids) < 0:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        group = str(next(self._ids))
+        reqs = []
+        for i in range(params.n):
+            seed = None if params.seed is None else params.seed + i
+            r = Request(f"{group}-{i}", list(prompt_token_ids), params, seed=seed, group_id=group, sample_index=i)
+            self._generators[r.request_id] = make_generator(seed, self.device)
+            self._detok[r.request_id] = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
+            reqs.append(r)
+        self.scheduler.add(reqs[0])
+        for r in reqs[1:]:
+            r.status = RequestStatus.WAITING_FOR_FORK
+            r.leader = reqs[0]
+        if len(reqs) > 1:
+            self._siblings[reqs[0].request_id] = reqs[1:]
+        return reqs
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._siblings)
+
+    # --- one step -----------------------------------------------------------------------------
+    def step(self) -> list[tuple[Request, str]]:
+        """Run one forward pass; returns (request, new text) for every request that got a token."""
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        logits = self.runner.execute(plan.scheduled)  # [S, vocab]
+        now = time.perf_counter()
+        samplers = [s.request for s in plan.scheduled if s.samples]
+        for s in plan.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+
+        # Leaders finishing their prompt sample for all their siblings from the same logits row.
+        rows, row_reqs = [], []
+        for i, r in enumerate(samplers):
+            group = [r] + (self._siblings.pop(r.request_id, []) if not r.output_token_ids else [])
+            rows.extend([i] * len(group))
+            row_reqs.extend(group)
+        params = [r.params for r in row_reqs]
+        gens = [self._generators[r.request_id] for r in row_reqs]
+        want_lp = any(p.logprobs for p in params)
+        tokens, logprobs = sample(logits[rows] if len(rows) != len(samplers) else logits, params, gens, want_lp)
+
+        events = []
+        copies = []
+        for j, (r, tok) in enumerate(zip(row_reqs, tokens)):
+            if r.status == RequestStatus.WAITING_FOR_FORK:
+                copies += self.scheduler.fork(r.leader, r)
+                r.leader = None
+            events.append((r, self._append(r, tok, logprobs[j] if want_lp else None, now)))
+        if copies:
+            self.kv.copy_blocks(copies)
+        return events
+
+    def _append(self, r: Request, token: int, logprob: Optional[float], now: float) -> str:
+        r.output_token_ids.append(token)
+        if logprob is not None and r.params.logprobs:
+            r.output_logprobs.append(logprob)
+        if r.first_token_time is None:
+            r.first_token_time = now
+        p = r.params
+        delta = self._detok[r.request_id].step(r.output_token_ids)
+        finish = None
+        if not p.ignore_eos and token in self.tokenizer.eos_token_ids:
+            finish, r.stop_reason, delta = FinishReason.STOP, None, ""
+        elif token in p.stop_token_ids:
+            finish, r.stop_reason, delta = FinishReason.STOP, token, ""
+        else:
+            old_len = len(r.text)
+            r.text += delta
+            for stop in p.stop:
+                # Only the new text (plus a stop string's length of context) can hold a new match.
+                at = r.text.find(stop, max(0, old_len - len(stop) + 1))
+                if at >= 0:
+                    delta = r.text[old_len:at] if at >= old_len else ""
+                    r.text = r.text[:at]
+                    finish, r.stop_reason = FinishReason.STOP, stop
+                    break
+            if finish is None and (len(r.output_token_ids) >= p.max_tokens or r.num_tokens >= self.max_model_len):
+                finish = FinishReason.LENGTH
+        if finish is not None:
+            r.finish_reason = finish
+            r.finish_time = now
+            self.scheduler.finish(r)
+            self._generators.pop(r.request_id, None)
+            self._detok.pop(r.request_id, None)
+        return delta

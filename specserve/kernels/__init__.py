@@ -1,0 +1,94 @@
+"""CPU kernels compiled on first use (torch.utils.cpp_extension), with a pure-torch fallback.
+
+`block_matmul` multiplies fp32 activations by weights kept in GGML blocks (see block_matmul.cpp).
+If the compiler or AVX2 is missing, `available()` is False and callers use dense fp32 weights instead.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import numpy as np
+import torch
+
+_ext = None
+_tried = False
+
+
+def _cpu_has_avx2() -> bool:
+    try:
+        return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    except Exception:
+        return False
+
+
+def _load():
+    global _ext, _tried
+    if _tried:
+        return _ext
+    _tried = True
+    if os.environ.get("SPECSERVE_NO_KERNELS") or not _cpu_has_avx2():
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+        src = os.path.join(os.path.dirname(__file__), "block_matmul.cpp")
+        # Compiling takes ~1 minute the first time; later loads hit the build cache.
+        _ext = load(name="specserve_block_matmul", sources=[src], verbose=False,
+                    extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"])
+    except Exception as e:  # no compiler, no ninja, ...: fall back to dense weights, loudly
+        warnings.warn(f"specserve: block kernels unavailable ({str(e).splitlines()[0][:200]}); "
+                      "using dense fp32 weights (slower, same results)")
+        _ext = None
+    return _ext
+
+
+def available() -> bool:
+    return _load() is not None
+
+
+class BlockWeight:
+    """A [N, K] weight in GGML blocks of 32, laid out for the kernel:
+    qs [N, K/2] uint8 (Q4) or [N, K] int8 (Q8), scales and mins [N, K/32] float32."""
+
+    SUPPORTED = ("Q4_0", "Q4_1", "Q8_0")
+
+    def __init__(self, type_name: str, raw: np.ndarray, shape: tuple[int, int]):
+        n, k = shape
+        nb = k // 32
+        blocks = np.ascontiguousarray(raw).reshape(n, nb, -1)
+        f16 = lambda b: torch.from_numpy(np.ascontiguousarray(b).view(np.float16).astype(np.float32)).reshape(n, nb)
+        self.shape = shape
+        self.is_q4 = type_name != "Q8_0"
+        if type_name == "Q8_0":
+            self.scales = f16(blocks[:, :, :2])
+            self.mins = torch.empty(0)
+            self.qs = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 2:]).reshape(n, k))
+        elif type_name == "Q4_1":
+            self.scales, self.mins = f16(blocks[:, :, :2]), f16(blocks[:, :, 2:4])
+            self.qs = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 4:]).reshape(n, k // 2))
+        elif type_name == "Q4_0":
+            # d * (q - 8) = d * q + (-8 d): a Q4_1 block whose min is -8 d (exact in fp32).
+            self.scales = f16(blocks[:, :, :2])
+            self.mins = -8.0 * self.scales
+            self.qs = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 2:]).reshape(n, k // 2))
+        else:
+            raise ValueError(f"block kernels support {self.SUPPORTED}, not {type_name}")
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] float32 -> [M, N] float32."""
+        return _ext.block_matmul(x.contiguous(), self.qs, self.scales, self.mins, self.is_q4)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Dequantised rows [len(ids), K] (the embedding lookup of a tied Q8_0 table)."""
+        n, k = self.shape
+        s = self.scales[ids].unsqueeze(-1)  # [T, K/32, 1]
+        if self.is_q4:
+            b = self.qs[ids].view(-1, k // 32, 16)
+            q = torch.cat([b & 0x0F, b >> 4], dim=-1).float()
+            return (q * s + self.mins[ids].unsqueeze(-1)).reshape(-1, k)
+        return (self.qs[ids].view(torch.int8).view(-1, k // 32, 32).float() * s).reshape(-1, k)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.numel() + 4 * (self.scales.numel() + self.mins.numel())

@@ -1,0 +1,98 @@
+"""Hugging Face model directories (config.json, *.safetensors, tokenizer.json) -> canonical weights."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+import torch
+from safetensors import safe_open
+
+from .tokenizer import Tokenizer
+from .weights import ModelArch
+
+_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm",
+    "post_attention_layernorm.weight": "ffn_norm",
+    "self_attn.q_proj.weight": "q",
+    "self_attn.k_proj.weight": "k",
+    "self_attn.v_proj.weight": "v",
+    "self_attn.o_proj.weight": "o",
+    "self_attn.q_proj.bias": "q_bias",
+    "self_attn.k_proj.bias": "k_bias",
+    "self_attn.v_proj.bias": "v_bias",
+    "mlp.gate_proj.weight": "gate",
+    "mlp.up_proj.weight": "up",
+    "mlp.down_proj.weight": "down",
+}
+_GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
+
+
+def arch_from_config(cfg: dict, path: str) -> ModelArch:
+    archs = cfg.get("architectures") or []
+    arch = next((_ARCHS[a] for a in archs if a in _ARCHS), None)
+    if arch is None:
+        raise ValueError(f"{path}: architecture {archs or cfg.get('model_type')!r} is not supported "
+                         f"(supported: {', '.join(_ARCHS)})")
+    n_heads = cfg["num_attention_heads"]
+    rope_scaling = cfg.get("rope_scaling")
+    rope_theta = cfg.get("rope_theta", 10000.0)
+    params = cfg.get("rope_parameters")  # transformers >= 5 keeps rope settings here
+    if params:
+        rope_theta = params.get("rope_theta", rope_theta)
+        if params.get("rope_type", "default") != "default":
+            rope_scaling = params
+    if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in ("llama3", "default"):
+        raise ValueError(f"{path}: rope scaling {rope_scaling!r} is not supported (supported: llama3)")
+    eos = cfg.get("eos_token_id")
+    eos = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+    return ModelArch(
+        architecture=arch,
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=n_heads,
+        num_key_value_heads=cfg.get("num_key_value_heads") or n_heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "llama3" else None,
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+        attention_bias=arch == "qwen2" or cfg.get("attention_bias", False),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=eos,
+    )
+
+
+def load_hf_dir(path: str, with_tokenizer: bool = True):
+    cfg_file = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_file):
+        raise ValueError(f"{path}: no config.json (expected a Hugging Face model directory or a .gguf file)")
+    arch = arch_from_config(json.load(open(cfg_file)), path)
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise ValueError(f"{path}: no *.safetensors weights (only safetensors checkpoints are supported)")
+    layer_re = re.compile(r"model\.layers\.(\d+)\.(.+)")
+    weights = {}
+    for f in files:
+        with safe_open(f, framework="pt") as st:
+            for key in st.keys():
+                m = layer_re.fullmatch(key)
+                if m and m.group(2) in _LAYER_NAMES:
+                    name = f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+                elif key in _GLOBAL_NAMES:
+                    name = _GLOBAL_NAMES[key]
+                else:
+                    continue
+                weights[name] = st.get_tensor(key).float()
+    if "lm_head" in weights and arch.tie_word_embeddings:
+        del weights["lm_head"]
+    if "lm_head" not in weights:
+        arch.tie_word_embeddings = True
+    tokenizer = Tokenizer.from_hf_dir(path, arch.eos_token_ids, arch.bos_token_id) if with_tokenizer else None
+    return arch, weights, tokenizer

@@ -1,0 +1,77 @@
+"""What every loader hands to the model: an architecture config, named weights, a tokenizer.
+
+Weights use one canonical naming scheme, whatever the file format:
+  embed, norm, lm_head (absent when tied),
+  layers.{i}.{attn_norm, ffn_norm, q, k, v, o, q_bias, k_bias, v_bias, gate, up, down}
+A weight is either a dense torch tensor or a `QuantizedWeight` (GGML blocks kept as stored, so the
+model can run them through the block kernels instead of dequantising).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .quants import BLOCK_LAYOUT, dequantize
+
+
+@dataclass
+class ModelArch:
+    """Llama-family architecture hyper-parameters (HF naming)."""
+
+    architecture: str  # "llama" | "mistral" | "qwen2"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None  # {"rope_type": "llama3", "factor", "low_freq_factor", ...}
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: bias on q, k, v
+    bos_token_id: Optional[int] = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_params(self) -> int:
+        h, f, L, d = self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.head_dim
+        attn = h * d * (self.num_attention_heads * 2 + self.num_key_value_heads * 2)
+        per_layer = attn + 3 * h * f + 2 * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.vocab_size * h + L * per_layer + h + head
+
+
+@dataclass
+class QuantizedWeight:
+    """A 2-D weight kept in GGML blocks: `raw` is [rows, bytes_per_row] uint8; shape is (rows, cols)."""
+
+    type_name: str
+    raw: np.ndarray
+    shape: tuple[int, int]
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(dequantize(self.raw, self.type_name, self.shape)))
+
+    def permute_rows(self, order: np.ndarray) -> "QuantizedWeight":
+        # Blocks run along a row, so reordering output rows never splits a block.
+        return QuantizedWeight(self.type_name, self.raw[order], self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        per_block, block_bytes = BLOCK_LAYOUT[self.type_name]
+        return self.shape[0] * self.shape[1] // per_block * block_bytes
+
+
+Weight = "torch.Tensor | QuantizedWeight"
+
+
+def as_dense(w, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    if isinstance(w, QuantizedWeight):
+        w = w.dequantize()
+    return w.to(dtype)

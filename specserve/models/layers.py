@@ -1,0 +1,91 @@
+"""Building blocks of the Llama family: linear layers over dense or GGML-blocked weights, RMSNorm, RoPE."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .. import kernels
+from ..loading.weights import QuantizedWeight, as_dense
+
+# Up to this many rows the block kernel beats dense fp32 (each unpacked block feeds every row);
+# above it (prefill) dense matrix-matrix products win, so a dense copy is made on first need.
+BLOCK_KERNEL_MAX_ROWS = 8
+
+
+class Linear:
+    """y = x @ W^T (+ b). W is a dense [out, in] tensor, or GGML blocks run by the block kernel."""
+
+    def __init__(self, weights: list, bias: Optional[torch.Tensor], dtype: torch.dtype, device: torch.device,
+                 use_blocks: bool):
+        # Several weights with the same input (q, k, v or gate, up) are stacked into one product.
+        self.block = None
+        if use_blocks and all(isinstance(w, QuantizedWeight) for w in weights) \
+                and len({w.type_name for w in weights}) == 1 and weights[0].type_name in kernels.BlockWeight.SUPPORTED:
+            import numpy as np
+            raw = np.concatenate([w.raw for w in weights], axis=0)
+            shape = (sum(w.shape[0] for w in weights), weights[0].shape[1])
+            self.block = kernels.BlockWeight(weights[0].type_name, raw, shape)
+            self._sources = weights
+            self.dense = None
+        else:
+            self.dense = torch.cat([as_dense(w) for w in weights], 0).to(device=device, dtype=dtype)
+        self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
+        self.out_features = sum(w.shape[0] for w in weights)
+
+    def dense_weight(self) -> torch.Tensor:
+        if self.dense is None:
+            self.dense = torch.cat([w.dequantize() for w in self._sources], 0)
+        return self.dense
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.block is not None and x.shape[0] <= BLOCK_KERNEL_MAX_ROWS:
+            y = self.block.matmul(x)
+            return y if self.bias is None else y + self.bias
+        return torch.nn.functional.linear(x, self.dense_weight(), self.bias)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # As HF's LlamaRMSNorm: normalise in fp32, scale in the model dtype.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[dict]) -> torch.Tensor:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        # Llama 3.1: stretch long wavelengths by `factor`, keep short ones, blend in between.
+        factor = scaling["factor"]
+        lo, hi = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_len = scaling.get("original_max_position_embeddings", 8192)
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / hi) & (wavelen <= old_len / lo)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+class Rotary:
+    """cos/sin tables for every position up to max_len, looked up by each token's position."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: Optional[dict], max_len: int,
+                 freq_factors: Optional[torch.Tensor], device: torch.device):
+        inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        if freq_factors is not None:  # GGUF llama3 files ship the scaling as per-frequency divisors
+            inv_freq = inv_freq / freq_factors.float()
+        freqs = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [max_len, head_dim]
+        self.cos = emb.cos().to(device)
+        self.sin = emb.sin().to(device)
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D] rotated by its token's position (rotate-half / NeoX layout)."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [T, 1, D]
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin

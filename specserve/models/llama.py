@@ -1,0 +1,87 @@
+"""The Llama family (Llama 2/3, Mistral, Qwen2, SmolLM2) over one flat ragged batch.
+
+forward(token_ids [T], positions [T], attention metadata, logits_indices [S]) -> logits [S, vocab]:
+the T tokens of all sequences are concatenated; only the S rows asked for go through the LM head.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import kernels
+from ..attention.paged import AttentionMetadata, paged_attention
+from ..loading.weights import ModelArch, QuantizedWeight, as_dense
+from .layers import Linear, Rotary, rms_norm
+
+
+class DecoderLayer:
+    def __init__(self, arch: ModelArch, w: dict, i: int, dtype, device, use_blocks: bool):
+        p = f"layers.{i}."
+        get = lambda n: w.get(p + n)
+        self.attn_norm = as_dense(get("attn_norm")).to(device, dtype)
+        self.ffn_norm = as_dense(get("ffn_norm")).to(device, dtype)
+        qkv_bias = None
+        if arch.attention_bias:
+            qkv_bias = torch.cat([as_dense(get(n)) for n in ("q_bias", "k_bias", "v_bias")])
+        self.qkv = Linear([get("q"), get("k"), get("v")], qkv_bias, dtype, device, use_blocks)
+        self.o = Linear([get("o")], None, dtype, device, use_blocks)
+        self.gate_up = Linear([get("gate"), get("up")], None, dtype, device, use_blocks)
+        self.down = Linear([get("down")], None, dtype, device, use_blocks)
+
+
+class LlamaModel:
+    def __init__(self, arch: ModelArch, weights: dict, dtype: torch.dtype, device: torch.device,
+                 use_blocks: bool = True, max_len: Optional[int] = None):
+        self.arch, self.dtype, self.device = arch, dtype, device
+        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
+        self.eps = arch.rms_norm_eps
+        use_blocks = use_blocks and device.type == "cpu" and dtype == torch.float32 and kernels.available()
+        self.layers = [DecoderLayer(arch, weights, i, dtype, device, use_blocks) for i in range(arch.num_hidden_layers)]
+        self.norm = as_dense(weights["norm"]).to(device, dtype)
+        embed = weights["embed"]
+        head = embed if arch.tie_word_embeddings else weights["lm_head"]
+        self.lm_head = Linear([head], None, dtype, device, use_blocks)
+        if self.lm_head.block is not None and head is embed:
+            self.embed_rows = self.lm_head.block.rows  # tied and blocked: look rows up in the blocks
+        elif isinstance(embed, QuantizedWeight) and use_blocks and embed.type_name in kernels.BlockWeight.SUPPORTED:
+            self.embed_rows = kernels.BlockWeight(embed.type_name, embed.raw, embed.shape).rows
+        else:
+            table = self.lm_head.dense if head is embed else as_dense(embed).to(device, dtype)
+            self.embed_rows = lambda ids: F.embedding(ids, table)
+        self.rotary = Rotary(arch.head_dim, arch.rope_theta, arch.rope_scaling,
+                             max_len or arch.max_position_embeddings, weights.get("rope_freqs"), device)
+        self.scale = arch.head_dim ** -0.5
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights read per decode step (what bounds batch-1 speed)."""
+        total = sum(t.numel() * t.element_size() for t in [self.norm])
+        for lin in [self.lm_head] + [l for layer in self.layers for l in (layer.qkv, layer.o, layer.gate_up, layer.down)]:
+            total += lin.block.nbytes if lin.block is not None else lin.dense.numel() * lin.dense.element_size()
+        for layer in self.layers:
+            total += 2 * layer.attn_norm.numel() * layer.attn_norm.element_size()
+        return total
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        """token_ids, positions [T]; k_cache/v_cache [layers, slots, kv_heads, D]; logits_indices [S]
+        -> logits [S, vocab] float32."""
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        x = self.embed_rows(token_ids).to(self.dtype)  # [T, hidden]
+        T = x.shape[0]
+        for li, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, self.eps)
+            qkv = layer.qkv(h)  # [T, (H + 2 Hkv) D]
+            q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+            q = self.rotary(q.reshape(T, H, D), positions)
+            k = self.rotary(k.reshape(T, Hkv, D), positions)
+            attn = paged_attention(q, k, v.reshape(T, Hkv, D), k_cache[li], v_cache[li], meta, self.scale)
+            x = x + layer.o(attn.reshape(T, H * D))
+            h = rms_norm(x, layer.ffn_norm, self.eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, F] each
+            x = x + layer.down(F.silu(gate) * up)
+        x = rms_norm(x[logits_indices], self.norm, self.eps)  # [S, hidden]: only rows that sample
+        return self.lm_head(x).float()

@@ -1,0 +1,56 @@
+"""Token sampling: greedy, temperature, top-k, top-p, with one torch.Generator per request so a seed
+gives the same output whatever else is in the batch."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..types import SamplingParams
+
+
+def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [N, vocab] -> probabilities after temperature, top-k and top-p (one request's params).
+    Speculative decoding warps target and draft distributions through this same function."""
+    logits = logits / params.temperature
+    if params.top_k and params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the token that crosses it stays).
+        drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= params.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def make_generator(seed: Optional[int], device: torch.device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[Optional[torch.Generator]],
+           want_logprobs: bool) -> tuple[list[int], Optional[list[float]]]:
+    """logits [S, vocab] float32, one row per sampling sequence -> (token per row, logprob per row)."""
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    tokens = [0] * len(params)
+    if greedy:
+        idx = torch.tensor(greedy, device=logits.device)
+        for i, t in zip(greedy, logits[idx].argmax(dim=-1).tolist()):
+            tokens[i] = t
+    for i, p in enumerate(params):
+        if not p.greedy:
+            probs = warp_logits(logits[i:i + 1], p)
+            tokens[i] = int(torch.multinomial(probs, 1, generator=generators[i]).item())
+    logprobs = None
+    if want_logprobs:
+        lp = torch.log_softmax(logits, dim=-1)
+        logprobs = lp[torch.arange(len(tokens), device=logits.device), torch.tensor(tokens, device=logits.device)].tolist()
+    return tokens, logprobs

@@ -1,0 +1,135 @@
+"""The data that flows through the engine: sampling parameters, the request, and what comes out.
+
+Plain Python (no torch), so the scheduler and block manager that use it unit-test in milliseconds.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Union
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens, as in vLLM. temperature 0 means greedy."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: no top-k
+    max_tokens: int = 128
+    seed: Optional[int] = None
+    stop: Union[str, Sequence[str], None] = None
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False  # log-probability of each chosen token under the model's distribution
+    skip_special_tokens: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids)
+        self.validate()
+
+    def validate(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is None or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 0, got {self.top_k}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # needs (re)prefill
+    WAITING_FOR_FORK = "waiting_for_fork"  # a sibling of an n>1 request: starts from the leader's prompt KV
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the context limit
+
+
+@dataclass
+class Request:
+    """One sequence being generated. n samples of one prompt are n Requests sharing a `group_id`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: Optional[int] = None  # this sample's seed (params.seed + sample index)
+    group_id: str = ""
+    sample_index: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    draft_token_ids: list[int] = field(default_factory=list)  # proposed, not yet verified
+    block_table: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: Optional[FinishReason] = None
+    stop_reason: Union[int, str, None] = None
+    text: str = ""
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: Optional[float] = None
+    finish_time: Optional[float] = None
+    leader: Optional["Request"] = None  # for WAITING_FOR_FORK siblings
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def token_at(self, i: int) -> int:
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: Optional[str]
+    stop_reason: Union[int, str, None] = None
+    logprobs: Optional[list[float]] = None
+    time_to_first_token: Optional[float] = None  # seconds, from the request's arrival
+    per_token_latency: Optional[float] = None  # seconds per output token after the first
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+
+    @property
+    def metrics(self) -> dict:
+        ttft = [o.time_to_first_token for o in self.outputs if o.time_to_first_token is not None]
+        tpot = [o.per_token_latency for o in self.outputs if o.per_token_latency is not None]
+        return {"time_to_first_token": min(ttft) if ttft else None,
+                "per_token_latency": sum(tpot) / len(tpot) if tpot else None}
