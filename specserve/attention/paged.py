@@ -66,8 +66,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     B, qmax = meta.num_seqs, meta.max_q_len
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
-    keys = k_cache[meta.gather_slots].transpose(1, 2)  # [B, Hkv, Lmax, D]
-    values = v_cache[meta.gather_slots].transpose(1, 2)
+    slots = meta.gather_slots.view(-1)
+    keys = k_cache.index_select(0, slots).view(B, -1, *k_cache.shape[1:]).transpose(1, 2)  # [B, Hkv, Lmax, D]
+    values = v_cache.index_select(0, slots).view(B, -1, *v_cache.shape[1:]).transpose(1, 2)
     if meta.q_pad_index is None:
         qp = q.view(B, qmax, H, D).transpose(1, 2)  # [B, H, qmax, D]
     else:

@@ -35,7 +35,8 @@ def _load():
         src = os.path.join(os.path.dirname(__file__), "block_matmul.cpp")
         # Compiling takes ~1 minute the first time; later loads hit the build cache.
         _ext = load(name="specserve_block_matmul", sources=[src], verbose=False,
-                    extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"])
+                    extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
+                    extra_ldflags=["-fopenmp"])
     except Exception as e:  # no compiler, no ninja, ...: fall back to dense weights, loudly
         warnings.warn(f"specserve: block kernels unavailable ({str(e).splitlines()[0][:200]}); "
                       "using dense fp32 weights (slower, same results)")
@@ -45,6 +46,11 @@ def _load():
 
 def available() -> bool:
     return _load() is not None
+
+
+def ext():
+    """The compiled extension (call only after available() is True)."""
+    return _ext
 
 
 class BlockWeight:

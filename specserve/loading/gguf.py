@@ -112,7 +112,7 @@ def load_gguf(path: str, keep_quantized: bool = True):
         if len(shape) == 2 and keep_quantized and type_name in _KEEP_QUANTIZED:
             w = QuantizedWeight(type_name, np.asarray(t.data).reshape(shape[0], -1), shape)
         else:
-            w = torch.from_numpy(np.ascontiguousarray(dequantize(t.data, type_name, shape)))
+            w = torch.from_numpy(np.array(dequantize(t.data, type_name, shape), copy=True))
         if arch.architecture != "qwen2" and name.endswith((".q", ".k", ".q_bias", ".k_bias")):
             n = arch.num_attention_heads if name.endswith(("q", "q_bias")) else arch.num_key_value_heads
             order = _unpermute_order(shape[0], n)

@@ -46,11 +46,29 @@ class Linear:
         return torch.nn.functional.linear(x, self.dense_weight(), self.bias)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _fused(x: torch.Tensor) -> bool:
+    """The fused C++ element-wise ops cover the fp32 CPU path; everything else uses torch."""
+    return x.dtype == torch.float32 and x.device.type == "cpu" and kernels.available()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """w * x / rms(x). With `residual`, first x += residual in place (the residual stream update)."""
+    if _fused(x) and x.is_contiguous():
+        return kernels.ext().rms_norm(x, residual, weight, eps)
+    if residual is not None:
+        x += residual
     # As HF's LlamaRMSNorm: normalise in fp32, scale in the model dtype.
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2F] (gate | up) -> silu(gate) * up [T, F]."""
+    if _fused(gate_up):
+        return kernels.ext().silu_mul(gate_up.contiguous())
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[dict]) -> torch.Tensor:
@@ -82,10 +100,24 @@ class Rotary:
         self.cos = emb.cos().to(device)
         self.sin = emb.sin().to(device)
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, D] rotated by its token's position (rotate-half / NeoX layout)."""
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, D] for the step's token positions (looked up once, used by every layer)."""
+        return self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+
+    @staticmethod
+    def apply(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, D: int):
+        """Rotate q and k inside qkv [T, (H + 2 Hkv) D] (rotate-half / NeoX layout).
+        Returns q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]."""
+        T = qkv.shape[0]
+        if _fused(qkv) and qkv.is_contiguous():
+            kernels.ext().rope_(qkv, cos, sin, H + Hkv, D)
+            q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+            return q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
+        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+        c, s = cos.unsqueeze(1).to(qkv.dtype), sin.unsqueeze(1).to(qkv.dtype)  # [T, 1, D]
+
+        def rot(x):
+            half = x.shape[-1] // 2
+            return x * c + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * s
+
+        return rot(q.reshape(T, H, D)), rot(k.reshape(T, Hkv, D)), v.reshape(T, Hkv, D)

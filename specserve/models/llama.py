@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from .. import kernels
 from ..attention.paged import AttentionMetadata, paged_attention
 from ..loading.weights import ModelArch, QuantizedWeight, as_dense
-from .layers import Linear, Rotary, rms_norm
+from .layers import Linear, Rotary, rms_norm, silu_mul
 
 
 class DecoderLayer:
@@ -70,18 +70,16 @@ class LlamaModel:
         """token_ids, positions [T]; k_cache/v_cache [layers, slots, kv_heads, D]; logits_indices [S]
         -> logits [S, vocab] float32."""
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        x = self.embed_rows(token_ids).to(self.dtype)  # [T, hidden]
+        x = self.embed_rows(token_ids).to(self.dtype)  # [T, hidden] residual stream
         T = x.shape[0]
+        cos, sin = self.rotary.tables(positions)  # [T, D] each
+        delta = None  # the last sub-layer's output, added to x inside the next norm
         for li, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm, self.eps)
-            qkv = layer.qkv(h)  # [T, (H + 2 Hkv) D]
-            q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
-            q = self.rotary(q.reshape(T, H, D), positions)
-            k = self.rotary(k.reshape(T, Hkv, D), positions)
-            attn = paged_attention(q, k, v.reshape(T, Hkv, D), k_cache[li], v_cache[li], meta, self.scale)
-            x = x + layer.o(attn.reshape(T, H * D))
-            h = rms_norm(x, layer.ffn_norm, self.eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, F] each
-            x = x + layer.down(F.silu(gate) * up)
-        x = rms_norm(x[logits_indices], self.norm, self.eps)  # [S, hidden]: only rows that sample
+            h = rms_norm(x, layer.attn_norm, self.eps, residual=delta)
+            q, k, v = Rotary.apply(layer.qkv(h), cos, sin, H, Hkv, D)  # [T, heads, D]
+            attn = paged_attention(q, k, v, k_cache[li], v_cache[li], meta, self.scale)
+            h = rms_norm(x, layer.ffn_norm, self.eps, residual=layer.o(attn.reshape(T, H * D)))
+            delta = layer.down(silu_mul(layer.gate_up(h)))  # [T, hidden]
+        x = x + delta
+        x = rms_norm(x[logits_indices].contiguous(), self.norm, self.eps)  # [S, hidden]: only rows that sample
         return self.lm_head(x).float()
