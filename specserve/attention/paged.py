@@ -31,7 +31,7 @@ class AttentionMetadata:
         nblk = -(-lmax // block_size)
         tables = torch.tensor([t[:nblk] + [0] * (nblk - len(t[:nblk])) for t in block_tables], dtype=torch.long)
         offsets = torch.arange(block_size)
-        gather = (tables[:, :, None] * block_size + offsets).reshape(B, -1)[:, :lmax]  # [B, Lmax]
+        gather = (tables[:, :, None] * block_size + offsets).reshape(B, -1)[:, :lmax].contiguous()  # [B, Lmax]
         kv = torch.tensor(kv_lens)
         ql = torch.tensor(q_lens)
         # New tokens sit at the end of each sequence: positions kv_len - q_len ... kv_len - 1.

@@ -85,6 +85,16 @@ class BlockWeight:
         """x [M, K] float32 -> [M, N] float32."""
         return _ext.block_matmul(x.contiguous(), self.qs, self.scales, self.mins, self.is_q4)
 
+    def dequantize(self) -> torch.Tensor:
+        """The dense [N, K] float32 weight (bit-identical to the GGUF dequantisation)."""
+        n, k = self.shape
+        s = self.scales.unsqueeze(-1)  # [N, K/32, 1]
+        if self.is_q4:
+            b = self.qs.view(n, k // 32, 16)
+            q = torch.cat([b & 0x0F, b >> 4], dim=-1).to(torch.float32)
+            return torch.addcmul(self.mins.unsqueeze(-1), q, s).view(n, k)
+        return (self.qs.view(torch.int8).view(n, k // 32, 32).to(torch.float32) * s).view(n, k)
+
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantised rows [len(ids), K] (the embedding lookup of a tied Q8_0 table)."""
         n, k = self.shape

@@ -10,7 +10,7 @@ from .. import kernels
 from ..loading.weights import QuantizedWeight, as_dense
 
 # Up to this many rows the block kernel beats dense fp32 (each unpacked block feeds every row);
-# above it (prefill) dense matrix-matrix products win, so a dense copy is made on first need.
+# above it (prefill) dense matrix-matrix products win, so blocked layers also keep a dense copy.
 BLOCK_KERNEL_MAX_ROWS = 8
 
 
@@ -27,23 +27,17 @@ class Linear:
             raw = np.concatenate([w.raw for w in weights], axis=0)
             shape = (sum(w.shape[0] for w in weights), weights[0].shape[1])
             self.block = kernels.BlockWeight(weights[0].type_name, raw, shape)
-            self._sources = weights
-            self.dense = None
+            self.dense = self.block.dequantize()
         else:
             self.dense = torch.cat([as_dense(w) for w in weights], 0).to(device=device, dtype=dtype)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
         self.out_features = sum(w.shape[0] for w in weights)
 
-    def dense_weight(self) -> torch.Tensor:
-        if self.dense is None:
-            self.dense = torch.cat([w.dequantize() for w in self._sources], 0)
-        return self.dense
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.block is not None and x.shape[0] <= BLOCK_KERNEL_MAX_ROWS:
             y = self.block.matmul(x)
             return y if self.bias is None else y + self.bias
-        return torch.nn.functional.linear(x, self.dense_weight(), self.bias)
+        return torch.nn.functional.linear(x, self.dense, self.bias)
 
 
 def _fused(x: torch.Tensor) -> bool:

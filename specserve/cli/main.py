@@ -1,0 +1,135 @@
+"""`specserve` command line: generate | bench. Flags map one to one onto LLM(...) and SamplingParams."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+class UsageError(Exception):
+    pass
+
+
+def _positive_int(s: str) -> int:
+    v = int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _top_p(s: str) -> float:
+    v = float(s)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {v}")
+    return v
+
+
+def _temperature(s: str) -> float:
+    v = float(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _model_path(s: str) -> str:
+    if not os.path.exists(s):
+        raise argparse.ArgumentTypeError(f"{s}: no such file or directory")
+    return s
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        print(f"specserve: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=_model_path, default=None, help="a .gguf file or HF directory (default: embedded SmolLM2-135M)")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: all cores)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="specserve", description="Fast, lossless LLM inference.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate text from a prompt, streaming it")
+    g.add_argument("prompt")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
+    g.add_argument("-n", type=_positive_int, default=1, help="samples of the prompt (its KV is shared)")
+    g.add_argument("--max-tokens", type=_positive_int, default=128)
+    g.add_argument("--temperature", type=_temperature, default=0.0)
+    g.add_argument("--top-p", type=_top_p, default=1.0)
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--seed", type=int, default=None)
+    add_model_args(g)
+
+    b = sub.add_parser("bench", help="benchmarks against HF transformers and llama.cpp")
+    bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+    d = bsub.add_parser("decode", help="regular decoding: ms/token, TTFT, tokens/s vs peers")
+    d.add_argument("--prompts", type=_positive_int, default=3, help="HumanEval prompts for batch 1")
+    d.add_argument("--max-tokens", type=_positive_int, default=128)
+    d.add_argument("--batch-sizes", default="1,2,4,8")
+    d.add_argument("--peers", default="hf-fp32,hf-bf16,llama.cpp", help="comma list; missing ones are skipped")
+    d.add_argument("--out", default="bench/results")
+    add_model_args(d)
+    return p
+
+
+def cmd_generate(args) -> int:
+    from ..engine.llm import LLM
+    from ..types import SamplingParams
+
+    params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed)
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads)
+    pieces: dict[int, list[str]] = {}
+
+    def on_text(_, sample, delta, finished):
+        if args.n == 1:  # stream as it comes
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+            return
+        pieces.setdefault(sample, []).append(delta)
+        if finished:  # several samples: print each whole as it finishes
+            sys.stdout.write(f"--- sample {sample} ---\n{''.join(pieces[sample])}\n")
+            sys.stdout.flush()
+
+    t0 = time.perf_counter()
+    if args.chat:
+        out = llm.chat([{"role": "user", "content": args.prompt}], params, on_text=on_text)[0]
+    else:
+        out = llm.generate(args.prompt, params, on_text=on_text)[0]
+    wall = time.perf_counter() - t0
+    if args.n == 1:
+        sys.stdout.write("\n")
+    n_tokens = sum(len(o.token_ids) for o in out.outputs)
+    m = out.metrics
+    ttft = f"{m['time_to_first_token'] * 1e3:.0f} ms" if m["time_to_first_token"] is not None else "-"
+    tpot = f"{m['per_token_latency'] * 1e3:.1f} ms/token" if m["per_token_latency"] is not None else "-"
+    print(f"[{n_tokens} tokens in {wall:.2f} s: time to first token {ttft}, decode {tpot}, "
+          f"{n_tokens / wall:.1f} tokens/s; model loaded in {llm.engine.load_time:.1f} s]", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+        if args.command == "bench" and args.bench == "decode":
+            from ..bench.decode import run_decode_bench
+            run_decode_bench(args)
+            return 0
+    except (ValueError, FileNotFoundError, UsageError) as e:
+        print(f"specserve: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
