@@ -62,7 +62,7 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_tokens or the context limit
 
 
-@dataclass
+@dataclass(eq=False)  # identity: two requests are never "equal"
 class Request:
     """One sequence being generated. n samples of one prompt are n Requests sharing a `group_id`."""
 

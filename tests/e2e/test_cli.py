@@ -1,0 +1,35 @@
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "specserve.cli.main", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_generate_streams_text_and_timing_line():
+    r = run("generate", "def add(a, b):", "--max-tokens", "12")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and "tokens/s" in r.stderr and "time to first token" in r.stderr
+
+
+def test_n_samples_print_each():
+    r = run("generate", "Hi", "--chat", "-n", "2", "--temperature", "0.8", "--seed", "1", "--max-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    assert "--- sample 0 ---" in r.stdout and "--- sample 1 ---" in r.stdout
+
+
+@pytest.mark.parametrize("args", [["--max-tokens", "-1"], ["--top-p", "1.5"], ["--model", "/no/such/file.gguf"],
+                                  ["--temperature", "-2"], ["-n", "0"]])
+def test_nonsense_arguments_exit_2_with_one_line(args):
+    r = run("generate", "x", *args)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_unsupported_model_file_is_one_line(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf")
+    r = run("generate", "x", "--model", str(bad))
+    assert r.returncode == 2 and "bad.gguf" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,45 @@
+"""End to end on the embedded model: batching, n samples, seeds, stops, chat."""
+from specserve import SamplingParams
+from specserve.bench.humaneval import humaneval_prompts
+
+
+def test_greedy_batch8_equals_each_alone(embedded_llm):
+    prompts = [p for p in humaneval_prompts(20)][::2][:8]
+    lens = {len(embedded_llm.tokenizer.encode(p)) for p in prompts}
+    assert len(lens) == 8  # different lengths: a ragged batch
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    batched = embedded_llm.generate(prompts, params)
+    for p, b in zip(prompts, batched):
+        alone = embedded_llm.generate(p, params)[0]
+        assert b.outputs[0].token_ids == alone.outputs[0].token_ids
+
+
+def test_n_samples_share_prompt_and_match_seeded_singles(embedded_llm):
+    prompt = humaneval_prompts(1)[0]
+    params = SamplingParams(n=3, temperature=0.7, seed=11, max_tokens=24, ignore_eos=True)
+    out = embedded_llm.generate(prompt, params)[0]
+    again = embedded_llm.generate(prompt, params)[0]
+    assert [o.token_ids for o in out.outputs] == [o.token_ids for o in again.outputs]
+    assert len({tuple(o.token_ids) for o in out.outputs}) > 1  # samples differ
+    for i, o in enumerate(out.outputs):  # sample i == a lone request seeded seed + i
+        single = embedded_llm.generate(prompt, SamplingParams(temperature=0.7, seed=11 + i, max_tokens=24,
+                                                               ignore_eos=True))[0]
+        assert single.outputs[0].token_ids == o.token_ids
+
+
+def test_stop_strings_max_tokens_and_logprobs(embedded_llm):
+    out = embedded_llm.generate("def add(a, b):", SamplingParams(temperature=0, max_tokens=40, stop=["# Example"],
+                                                                  logprobs=True))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == "# Example"
+    assert out.text == "\n    a += b\n\n"  # what greedy writes before the stop string, which is cut
+    assert len(out.logprobs) == len(out.token_ids) and all(lp <= 0 for lp in out.logprobs)
+    out = embedded_llm.generate("def add(a, b):", SamplingParams(temperature=0, max_tokens=5))[0].outputs[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 5
+    assert out.time_to_first_token > 0 and out.per_token_latency > 0
+
+
+def test_chat_uses_template_and_stops_at_eos(embedded_llm):
+    out = embedded_llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                            SamplingParams(temperature=0, max_tokens=64))[0].outputs[0]
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop" and out.token_ids[-1] in embedded_llm.tokenizer.eos_token_ids

@@ -1,0 +1,51 @@
+"""The GGML block kernels give the same products as dense fp32 over the dequantised weight."""
+import numpy as np
+import pytest
+import torch
+
+from specserve import kernels
+from specserve.loading.quants import BLOCK_LAYOUT, dequantize
+
+from .test_quants import random_blocks
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="no compiler / AVX2 for the block kernels")
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("M", [1, 3, 8, 11])
+def test_block_matmul_matches_dense(type_name, M):
+    rng = np.random.default_rng(M)
+    N, K = 40, 96
+    raw = random_blocks(type_name, N * K // 32, rng).reshape(N, -1)
+    dense = torch.from_numpy(dequantize(raw, type_name, (N, K)).copy())
+    bw = kernels.BlockWeight(type_name, raw, (N, K))
+    x = torch.randn(M, K)
+    ref = x.double() @ dense.double().T
+    torch.testing.assert_close(bw.matmul(x).double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bw.dequantize(), dense, rtol=0, atol=0)
+    ids = torch.tensor([0, 7, 39])
+    torch.testing.assert_close(bw.rows(ids), dense[ids], rtol=0, atol=0)
+
+
+def test_fused_elementwise_ops_match_torch():
+    from specserve.models.layers import Rotary
+    ext = kernels.ext()
+    x, r, w = torch.randn(5, 64), torch.randn(5, 64), torch.randn(64)
+    x2 = x.clone()
+    out = ext.rms_norm(x2, r, w, 1e-5)
+    ref_x = x + r
+    ref = w * (ref_x * torch.rsqrt(ref_x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    torch.testing.assert_close(x2, ref_x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    gu = torch.randn(4, 32)
+    torch.testing.assert_close(ext.silu_mul(gu), torch.nn.functional.silu(gu[:, :16]) * gu[:, 16:], rtol=1e-5, atol=1e-6)
+    rot = Rotary(16, 10000.0, None, 64, None, torch.device("cpu"))
+    pos = torch.tensor([0, 3, 9])
+    cos, sin = rot.tables(pos)
+    qkv = torch.randn(3, (2 + 2 * 1) * 16)
+    half = 8
+    q = qkv[:, :32].view(3, 2, 16)
+    ref_q = q * cos[:, None] + torch.cat([-q[..., half:], q[..., :half]], -1) * sin[:, None]
+    fused_q, _, v = Rotary.apply(qkv.clone(), cos, sin, 2, 1, 16)
+    torch.testing.assert_close(fused_q, ref_q, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(v.reshape(3, 16), qkv[:, 48:])
