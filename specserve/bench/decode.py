@@ -1,0 +1,148 @@
+"""`specserve bench decode`: regular decoding against HF transformers (fp32, bf16) and llama.cpp,
+in one run, on the same weights and HumanEval prompts. Writes JSON + markdown under bench/results/."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from ..engine.llm import LLM
+from ..types import SamplingParams
+from . import peers
+from .humaneval import humaneval_prompts
+
+TEMPERATURE = 0.7
+SEED = 1234
+
+
+def _engine_run(llm: LLM, prompt_ids: list[int], max_new: int, batch: int) -> dict:
+    if batch == 1:
+        params = SamplingParams(temperature=0, max_tokens=max_new, ignore_eos=True)
+    else:
+        params = SamplingParams(n=batch, temperature=TEMPERATURE, seed=SEED, max_tokens=max_new, ignore_eos=True)
+    t0 = time.perf_counter()
+    out = llm.generate([prompt_ids], params)[0]
+    wall = time.perf_counter() - t0
+    tokens = sum(len(o.token_ids) for o in out.outputs)
+    return {"ttft_s": out.metrics["time_to_first_token"], "decode_ms_per_step": out.metrics["per_token_latency"] * 1e3,
+            "tokens_per_s": tokens / wall, "wall_s": wall, "tokens": tokens, "output_ids": out.outputs[0].token_ids}
+
+
+def _median_runs(runs: list[dict]) -> dict:
+    keys = ("ttft_s", "decode_ms_per_step", "tokens_per_s")
+    return {k: statistics.median(r[k] for r in runs) for k in keys}
+
+
+def run_decode_bench(args) -> dict:
+    torch.set_num_threads(args.threads or os.cpu_count())
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    wanted = set(args.peers.split(",")) if args.peers else set()
+    prompts = humaneval_prompts(args.prompts)
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads)
+    if llm.engine.model_path.endswith(".gguf") is False and wanted & {"hf-fp32", "hf-bf16", "llama.cpp"}:
+        print("peers load the same GGUF; with a non-GGUF model only the engine runs")
+        wanted = set()
+    ids = [llm.tokenizer.encode(p) for p in prompts]
+    max_new = args.max_tokens
+
+    systems = ["specserve"] + [p for p in ("hf-fp32", "hf-bf16", "llama.cpp") if p in wanted]
+    if "llama.cpp" in systems and not peers.llama_cpp_available():
+        print("llama.cpp: llama-cpp-python is not installed (make llamacpp); skipped")
+        systems.remove("llama.cpp")
+    jobs = [(s, b) for s in systems for b in batch_sizes if not (s == "llama.cpp" and b > 1)]
+    results: dict = {s: {} for s in systems}
+    greedy_ids: dict = {}
+    bar = tqdm(total=sum(len(ids) if b == 1 else 1 for _, b in jobs), desc="bench decode", unit="run")
+    hf_fp32 = None
+    for system in systems:
+        if system == "specserve":
+            llm.generate([ids[0]], SamplingParams(temperature=0, max_tokens=8))  # warm-up
+            run = lambda i, b: _engine_run(llm, i, max_new, b)
+        elif system.startswith("hf"):
+            bar.set_postfix_str(f"loading {system}")
+            dtype = torch.float32 if system == "hf-fp32" else torch.bfloat16
+            model = peers.load_hf(llm.engine.model_path, dtype, base=hf_fp32 if dtype != torch.float32 else None)
+            if dtype == torch.float32:
+                hf_fp32 = model
+            peers.hf_generate(model, ids[0], 4, 1, 0.0, SEED)  # warm-up
+            run = lambda i, b, m=model: peers.hf_generate(m, i, max_new, b, 0.0 if b == 1 else TEMPERATURE, SEED)
+        else:
+            bar.set_postfix_str("loading llama.cpp")
+            cpp = peers.load_llama_cpp(llm.engine.model_path, args.threads)
+            run = lambda i, b: peers.llama_cpp_generate(cpp, i, max_new)
+        for b in batch_sizes:
+            if system == "llama.cpp" and b > 1:
+                continue
+            bar.set_postfix_str(f"{system} batch {b}")
+            runs = []
+            for prompt_ids in (ids if b == 1 else ids[:1]):
+                runs.append(run(prompt_ids, b))
+                bar.update(1)
+            if b == 1:
+                greedy_ids[system] = [r["output_ids"] for r in runs]
+            results[system][b] = _median_runs(runs)
+    bar.close()
+    if hf_fp32 is not None:
+        del hf_fp32
+
+    bw = peers.memory_bandwidth_gbs()
+    arch = llm.engine.arch
+    engine_bytes = llm.engine.model.weight_bytes
+    fp32_bytes = arch.num_params * 4
+    floor = {"bandwidth_gbs": bw,
+             "specserve_weight_bytes": engine_bytes, "specserve_floor_ms": engine_bytes / bw / 1e6,
+             "fp32_weight_bytes": fp32_bytes, "fp32_floor_ms": fp32_bytes / bw / 1e6,
+             "gguf_file_bytes": os.path.getsize(llm.engine.model_path) if os.path.isfile(llm.engine.model_path) else None}
+    identical = {s: greedy_ids[s] == greedy_ids["specserve"] for s in greedy_ids if s != "specserve"}
+    report = {
+        "benchmark": "decode", "time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": llm.engine.model_path,
+        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+                    "torch": torch.__version__},
+        "settings": {"prompts": len(prompts), "max_new_tokens": max_new, "batch_sizes": batch_sizes,
+                     "batch1": "greedy, median over prompts", "batchN": f"n seeded samples of prompt 0, T={TEMPERATURE}",
+                     "engine_dtype": llm.config.model.resolved_dtype(),
+                     "engine_block_kernels": llm.engine.model.layers[0].qkv.block is not None},
+        "results": {s: {str(b): v for b, v in r.items()} for s, r in results.items()},
+        "greedy_identical_to_engine": identical,
+        "hardware_floor": floor,
+    }
+    md = to_markdown(report)
+    os.makedirs(args.out, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for name in (f"decode-{stamp}", "decode-latest"):
+        json.dump(report, open(os.path.join(args.out, name + ".json"), "w"), indent=2)
+        open(os.path.join(args.out, name + ".md"), "w").write(md)
+    print(md)
+    print(f"written to {args.out}/decode-{stamp}.{{json,md}}")
+    return report
+
+
+def to_markdown(r: dict) -> str:
+    res = r["results"]
+    eng = res["specserve"]
+    lines = [f"# Decode benchmark ({r['time']})", "",
+             f"Model `{os.path.basename(r['model'])}`, {r['settings']['prompts']} HumanEval prompts, "
+             f"{r['settings']['max_new_tokens']} new tokens, {r['machine']['threads']} threads, torch {r['machine']['torch']}. "
+             f"Batch 1: greedy (median over prompts); batch N: {r['settings']['batchN']}.", "",
+             "| system | batch | decode ms/step | TTFT ms | tokens/s | specserve speed-up (ms/step) | specserve throughput ratio |",
+             "|---|---|---|---|---|---|---|"]
+    for system, rows in res.items():
+        for b, v in rows.items():
+            e = eng.get(b)
+            sp = f"{v['decode_ms_per_step'] / e['decode_ms_per_step']:.2f}x" if e and system != "specserve" else "-"
+            tp = f"{e['tokens_per_s'] / v['tokens_per_s']:.2f}x" if e and system != "specserve" else "-"
+            lines.append(f"| {system} | {b} | {v['decode_ms_per_step']:.1f} | {v['ttft_s'] * 1e3:.0f} | "
+                         f"{v['tokens_per_s']:.1f} | {sp} | {tp} |")
+    f = r["hardware_floor"]
+    lines += ["", f"Hardware floor at batch 1 (weight bytes per token / measured read bandwidth {f['bandwidth_gbs']:.1f} GB/s): "
+              f"specserve's blocked weights {f['specserve_weight_bytes'] / 1e6:.0f} MB -> {f['specserve_floor_ms']:.1f} ms/token; "
+              f"dense fp32 {f['fp32_weight_bytes'] / 1e6:.0f} MB -> {f['fp32_floor_ms']:.1f} ms/token."]
+    if r["greedy_identical_to_engine"]:
+        lines += ["", "Greedy batch-1 tokens identical to specserve: " +
+                  ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in r["greedy_identical_to_engine"].items())]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,82 @@
+"""The peers a benchmark runs beside the engine, on the same weights: HF transformers and llama.cpp."""
+from __future__ import annotations
+
+import copy
+import os
+import time
+from typing import Optional
+
+import torch
+
+
+def load_hf(gguf_path: str, dtype: torch.dtype, base=None):
+    """HF transformers' own GGUF loader (dequantises to dense), or a dtype copy of an already loaded one."""
+    if base is not None:
+        return copy.deepcopy(base).to(dtype)
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path),
+                                                dtype=dtype).eval()
+
+
+@torch.inference_mode()
+def hf_generate(model, ids: list[int], max_new: int, batch: int, temperature: float, seed: int) -> dict:
+    """Time HF generate(): TTFT from a 1-token run, decode ms/token from the full run."""
+    x = torch.tensor([ids])
+    kw = dict(do_sample=temperature > 0, pad_token_id=model.config.eos_token_id or 0)
+    if temperature > 0:
+        kw.update(temperature=temperature, top_k=0, top_p=1.0, num_return_sequences=batch)
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
+    ttft = time.perf_counter() - t0
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    out = model.generate(x, max_new_tokens=max_new, min_new_tokens=max_new, **kw)
+    wall = time.perf_counter() - t0
+    n_new = out.shape[1] - len(ids)
+    return {"ttft_s": ttft, "decode_ms_per_step": (wall - ttft) / max(1, n_new - 1) * 1e3,
+            "tokens_per_s": out.shape[0] * n_new / wall, "wall_s": wall, "tokens": out.shape[0] * n_new,
+            "output_ids": out[0, len(ids):].tolist()}
+
+
+def llama_cpp_available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def load_llama_cpp(gguf_path: str, threads: Optional[int]):
+    from llama_cpp import Llama
+    return Llama(model_path=gguf_path, n_threads=threads or os.cpu_count(), n_ctx=2048, verbose=False)
+
+
+def llama_cpp_generate(llm, ids: list[int], max_new: int) -> dict:
+    """Greedy batch-1 decode through llama.cpp's own sampling loop (its only batch mode here)."""
+    def run(n):
+        llm.reset()
+        t0 = time.perf_counter()
+        toks = []
+        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+            toks.append(tok)
+            if len(toks) >= n:
+                break
+        return time.perf_counter() - t0, toks
+
+    ttft, _ = run(1)
+    wall, toks = run(max_new)
+    return {"ttft_s": ttft, "decode_ms_per_step": (wall - ttft) / max(1, len(toks) - 1) * 1e3,
+            "tokens_per_s": len(toks) / wall, "wall_s": wall, "tokens": len(toks), "output_ids": toks}
+
+
+def memory_bandwidth_gbs(gib: float = 1.0, repeats: int = 5) -> float:
+    """Read bandwidth as torch sees it: the best of a few full sums over a buffer far larger than L3."""
+    x = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
+    x.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best / 1e9
