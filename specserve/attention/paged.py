@@ -1,61 +1,96 @@
 """Attention over a flat ragged batch with a paged KV cache.
 
 Each sequence brings q_len new tokens (a prefill chunk, one decode token, or a span of tokens to
-verify) and attends to its kv_len cached tokens (the new ones included). The new K/V are written
-into their slots, then every sequence's keys are gathered into one padded [B, Lmax] batch so a
-single SDPA call serves the whole batch (padding is masked out).
+verify) and attends causally to its kv_len cached tokens (the new ones included). The new K/V are
+written into their slots first. Then one of two paths:
+  * short spans on the fp32 CPU path (decode, verification): a C++ kernel reads keys and values
+    straight from the blocks, one work item per (sequence, head), with no gather and no padding;
+  * otherwise (prefill, bf16, CUDA): every sequence's keys are gathered into one padded [B, Lmax]
+    batch and a single SDPA call serves the whole batch, padding masked out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
+
+# Longest query span the paged kernel takes; its cost grows with q_len * kv_len per head, where
+# SDPA's batched matrix products win for prefill.
+PAGED_KERNEL_MAX_Q = 16
+
 
 @dataclass
 class AttentionMetadata:
+    q_lens: list[int]
+    kv_lens: list[int]
+    block_tables: list[list[int]]
+    block_size: int
+    device: torch.device
     slot_mapping: torch.Tensor  # [T] flat KV slot of every new token
-    gather_slots: torch.Tensor  # [B, Lmax] slots of each sequence's keys (padding -> slot 0)
-    mask: Optional[torch.Tensor]  # [B, 1, qmax, Lmax] bool, True = attend; None: nothing to mask
-    num_seqs: int
-    max_q_len: int
-    q_pad_index: Optional[torch.Tensor]  # [B * qmax] row of flat q for each padded row (ragged q only)
-    q_unpad_index: Optional[torch.Tensor]  # [T] padded row of each flat token (ragged q only)
+    _sdpa: Optional[tuple] = field(default=None, repr=False)
+    _paged: Optional[tuple] = field(default=None, repr=False)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def max_q_len(self) -> int:
+        return max(self.q_lens)
 
     @classmethod
     def build(cls, q_lens: list[int], kv_lens: list[int], block_tables: list[list[int]], block_size: int,
               device: torch.device) -> "AttentionMetadata":
-        B, qmax, lmax = len(q_lens), max(q_lens), max(kv_lens)
-        nblk = -(-lmax // block_size)
-        tables = torch.tensor([t[:nblk] + [0] * (nblk - len(t[:nblk])) for t in block_tables], dtype=torch.long)
-        offsets = torch.arange(block_size)
-        gather = (tables[:, :, None] * block_size + offsets).reshape(B, -1)[:, :lmax].contiguous()  # [B, Lmax]
-        kv = torch.tensor(kv_lens)
-        ql = torch.tensor(q_lens)
-        # New tokens sit at the end of each sequence: positions kv_len - q_len ... kv_len - 1.
-        new_pos = torch.cat([torch.arange(k - q, k) for q, k in zip(q_lens, kv_lens)])
-        seq_of_token = torch.repeat_interleave(torch.arange(B), ql)
-        slot_mapping = gather[seq_of_token, new_pos]
+        slots = []
+        for q, k, table in zip(q_lens, kv_lens, block_tables):
+            # New tokens sit at the end of each sequence: positions kv_len - q_len ... kv_len - 1.
+            slots.extend(table[p // block_size] * block_size + p % block_size for p in range(k - q, k))
+        slot_mapping = torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True)
+        return cls(list(q_lens), list(kv_lens), block_tables, block_size, device, slot_mapping)
 
-        uniform_q = all(q == qmax for q in q_lens)
-        mask = None
-        if not (qmax == 1 and all(k == lmax for k in kv_lens)):
-            i = torch.arange(qmax)[None, :, None]  # query row
-            j = torch.arange(lmax)[None, None, :]  # key position
-            q_pos = (kv - ql)[:, None, None] + i  # absolute position of query row i
-            mask = (j <= q_pos) & (i < ql[:, None, None])
-            mask |= (i >= ql[:, None, None]) & (j == 0)  # padded query rows: attend to something, ignored
-            mask = mask[:, None]
-        pad_index = unpad_index = None
-        if not uniform_q:
-            starts = torch.cumsum(ql, 0) - ql
-            i = torch.arange(qmax)[None, :]
-            pad_index = torch.where(i < ql[:, None], starts[:, None] + i, 0).reshape(-1)
-            unpad_index = seq_of_token * qmax + (torch.arange(len(seq_of_token)) - starts[seq_of_token])
-        to = lambda t: None if t is None else t.to(device, non_blocking=True)
-        return cls(to(slot_mapping), to(gather), to(mask), B, qmax, to(pad_index), to(unpad_index))
+    def paged_fields(self):
+        """(block_tables [B, max_blocks], q_starts [B], q_lens [B], kv_lens [B]) as int64 CPU tensors."""
+        if self._paged is None:
+            nblk = max(len(t) for t in self.block_tables)
+            tables = torch.tensor([t + [0] * (nblk - len(t)) for t in self.block_tables], dtype=torch.long)
+            ql = torch.tensor(self.q_lens, dtype=torch.long)
+            self._paged = (tables, torch.cumsum(ql, 0) - ql, ql, torch.tensor(self.kv_lens, dtype=torch.long))
+        return self._paged
+
+    def sdpa_fields(self):
+        """(gather_slots [B, Lmax], mask [B, 1, qmax, Lmax] or None, q_pad_index, q_unpad_index)."""
+        if self._sdpa is None:
+            self._sdpa = _build_sdpa_fields(self.q_lens, self.kv_lens, self.block_tables, self.block_size)
+            self._sdpa = tuple(None if t is None else t.to(self.device, non_blocking=True) for t in self._sdpa)
+        return self._sdpa
+
+
+def _build_sdpa_fields(q_lens, kv_lens, block_tables, block_size):
+    B, qmax, lmax = len(q_lens), max(q_lens), max(kv_lens)
+    nblk = -(-lmax // block_size)
+    tables = torch.tensor([t[:nblk] + [0] * (nblk - len(t[:nblk])) for t in block_tables], dtype=torch.long)
+    gather = (tables[:, :, None] * block_size + torch.arange(block_size)).reshape(B, -1)[:, :lmax].contiguous()
+    kv, ql = torch.tensor(kv_lens), torch.tensor(q_lens)
+    mask = None
+    if not (qmax == 1 and all(k == lmax for k in kv_lens)):
+        i = torch.arange(qmax)[None, :, None]  # query row
+        j = torch.arange(lmax)[None, None, :]  # key position
+        q_pos = (kv - ql)[:, None, None] + i  # absolute position of query row i
+        mask = (j <= q_pos) & (i < ql[:, None, None])
+        mask |= (i >= ql[:, None, None]) & (j == 0)  # padded query rows: attend to something, ignored
+        mask = mask[:, None]
+    pad_index = unpad_index = None
+    if any(q != qmax for q in q_lens):
+        seq_of_token = torch.repeat_interleave(torch.arange(B), ql)
+        starts = torch.cumsum(ql, 0) - ql
+        i = torch.arange(qmax)[None, :]
+        pad_index = torch.where(i < ql[:, None], starts[:, None] + i, 0).reshape(-1)
+        unpad_index = seq_of_token * qmax + (torch.arange(len(seq_of_token)) - starts[seq_of_token])
+    return gather, mask, pad_index, unpad_index
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -63,17 +98,23 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """q [T, H, D], k/v [T, Hkv, D] for the new tokens; k_cache/v_cache [slots, Hkv, D] of this layer.
     Returns [T, H, D]."""
     T, H, D = q.shape
-    B, qmax = meta.num_seqs, meta.max_q_len
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
-    slots = meta.gather_slots.view(-1)
+    if (meta.max_q_len <= PAGED_KERNEL_MAX_Q and q.dtype == torch.float32 and q.device.type == "cpu"
+            and D % 8 == 0 and kernels.available()):
+        tables, q_starts, q_lens, kv_lens = meta.paged_fields()
+        return kernels.ext().paged_attention(q.contiguous(), k_cache, v_cache, tables, q_starts, q_lens, kv_lens,
+                                             meta.block_size, scale)
+    gather, mask, pad_index, unpad_index = meta.sdpa_fields()
+    B, qmax = meta.num_seqs, meta.max_q_len
+    slots = gather.view(-1)
     keys = k_cache.index_select(0, slots).view(B, -1, *k_cache.shape[1:]).transpose(1, 2)  # [B, Hkv, Lmax, D]
     values = v_cache.index_select(0, slots).view(B, -1, *v_cache.shape[1:]).transpose(1, 2)
-    if meta.q_pad_index is None:
+    if pad_index is None:
         qp = q.view(B, qmax, H, D).transpose(1, 2)  # [B, H, qmax, D]
     else:
-        qp = q[meta.q_pad_index].view(B, qmax, H, D).transpose(1, 2)
-    out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=meta.mask, scale=scale,
+        qp = q[pad_index].view(B, qmax, H, D).transpose(1, 2)
+    out = F.scaled_dot_product_attention(qp, keys, values, attn_mask=mask, scale=scale,
                                          enable_gqa=keys.shape[1] != H)  # [B, H, qmax, D]
     out = out.transpose(1, 2).reshape(B * qmax, H, D)
-    return out if meta.q_unpad_index is None else out[meta.q_unpad_index]
+    return out if unpad_index is None else out[unpad_index]

@@ -11,6 +11,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <cmath>
+#include <vector>
 
 namespace {
 
@@ -45,28 +47,42 @@ inline void unpack_q8(const int8_t* qs, __m256 q[4]) {
 }
 
 // One output column n for R activation rows.
+// Each block's q is scaled by d once (d*q is exactly the dequantised weight minus the min), then
+// feeds R rows with 4 FMAs each. Small R gets several accumulators per row so the FMA chains
+// overlap; the min term sum_b m_b * xsum_b is one short dot product per row at the end.
 template <int R, bool Q4>
 inline void column(const uint8_t* qs_row, const float* d_row, const float* m_row, const float* x,
                    const float* xsum, int64_t K, int64_t nblocks, float* y, int64_t ldy) {
-  __m256 acc[R];
-  float macc[R];
-  for (int r = 0; r < R; ++r) { acc[r] = _mm256_setzero_ps(); macc[r] = 0.f; }
+  constexpr int ACC = R <= 2 ? 4 : (R <= 4 ? 2 : 1);
+  __m256 acc[R][ACC];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < ACC; ++j) acc[r][j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nblocks; ++b) {
     __m256 q[4];
     if (Q4) unpack_q4(qs_row + b * (QK / 2), q);
     else unpack_q8(reinterpret_cast<const int8_t*>(qs_row) + b * QK, q);
-    __m256 d = _mm256_set1_ps(d_row[b]);
+    const __m256 d = _mm256_set1_ps(d_row[b]);
+    for (int j = 0; j < 4; ++j) q[j] = _mm256_mul_ps(q[j], d);
     for (int r = 0; r < R; ++r) {
       const float* xb = x + r * K + b * QK;
-      __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
-      t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), t);
-      t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), t);
-      t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), t);
-      acc[r] = _mm256_fmadd_ps(d, t, acc[r]);
-      if (Q4) macc[r] += m_row[b] * xsum[r * nblocks + b];
+      for (int j = 0; j < 4; ++j)
+        acc[r][j % ACC] = _mm256_fmadd_ps(q[j], _mm256_loadu_ps(xb + 8 * j), acc[r][j % ACC]);
     }
   }
-  for (int r = 0; r < R; ++r) y[r * ldy] = hsum(acc[r]) + macc[r];
+  for (int r = 0; r < R; ++r) {
+    __m256 a = acc[r][0];
+    for (int j = 1; j < ACC; ++j) a = _mm256_add_ps(a, acc[r][j]);
+    if (Q4) {  // + sum_b m_b * xsum_b, 8 blocks at a time
+      const float* xs = xsum + r * nblocks;
+      int64_t b = 0;
+      for (; b + 8 <= nblocks; b += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(m_row + b), _mm256_loadu_ps(xs + b), a);
+      float total = hsum(a);
+      for (; b < nblocks; ++b) total += m_row[b] * xs[b];
+      y[r * ldy] = total;
+    } else {
+      y[r * ldy] = hsum(a);
+    }
+  }
 }
 
 template <int R, bool Q4>
@@ -174,17 +190,118 @@ void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t head
     }
 }
 
-// [T, 2F] (gate | up) -> silu(gate) * up [T, F]
+// ---- paged attention for short query spans (decode tokens, verify spans) ----
+
+// exp for 8 floats (Cephes polynomial, as in avx_mathfun): ~1e-7 relative error.
+inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+// [T, 2F] (gate | up) -> silu(gate) * up = gate / (1 + exp(-gate)) * up  [T, F]
 torch::Tensor silu_mul(torch::Tensor gu) {
   const int64_t T = gu.size(0), F = gu.size(1) / 2;
   auto out = torch::empty({T, F}, gu.options());
   const float* g = gu.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < F; ++i) {
-      const float a = g[t * 2 * F + i];
-      o[t * F + i] = a / (1.0f + std::exp(-a)) * g[t * 2 * F + F + i];
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* gt = g + t * 2 * F;
+    float* ot = o + t * F;
+    int64_t i = 0;
+    for (; i + 8 <= F; i += 8) {
+      const __m256 a = _mm256_loadu_ps(gt + i);
+      const __m256 e = exp256(_mm256_sub_ps(zero, a));
+      _mm256_storeu_ps(ot + i, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), _mm256_loadu_ps(gt + F + i)));
     }
+    for (; i < F; ++i) ot[i] = gt[i] / (1.0f + std::exp(-gt[i])) * gt[F + i];
+  }
+  return out;
+}
+
+// q [T, H, D]; caches [slots, Hkv, D]; block_tables [B, max_blocks]; per sequence: first row in q,
+// number of new tokens, context length (new tokens included). Sequence b's query i sits at position
+// kv_len - q_len + i and attends to keys 0..that position. D must be a multiple of 8.
+torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                              torch::Tensor block_tables, torch::Tensor q_starts, torch::Tensor q_lens,
+                              torch::Tensor kv_lens, int64_t block_size, double scale) {
+  const int64_t H = q.size(1), D = q.size(2), Hkv = k_cache.size(1), B = q_lens.size(0);
+  const int64_t group = H / Hkv, max_blocks = block_tables.size(1), VD = D / 8;
+  TORCH_CHECK(D % 8 == 0 && D <= 256, "head_dim must be a multiple of 8, at most 256");
+  auto out = torch::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int64_t* bt = block_tables.data_ptr<int64_t>();
+  const int64_t* qs = q_starts.data_ptr<int64_t>();
+  const int64_t* ql = q_lens.data_ptr<int64_t>();
+  const int64_t* kl = kv_lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  int64_t max_kv = 0;
+  for (int64_t b = 0; b < B; ++b) max_kv = std::max(max_kv, kl[b]);
+  at::parallel_for(0, B * H, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> scores(max_kv + 8);
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / H, h = w % H, kvh = h / group;
+      const int64_t* table = bt + b * max_blocks;
+      for (int64_t i = 0; i < ql[b]; ++i) {
+        const int64_t t = qs[b] + i, n = kl[b] - ql[b] + i + 1;  // keys this query sees
+        const float* qv = qp + (t * H + h) * D;
+        __m256 qreg[32];
+        for (int64_t d = 0; d < VD; ++d) qreg[d] = _mm256_mul_ps(_mm256_loadu_ps(qv + 8 * d), _mm256_set1_ps(scale));
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t slot = table[j / block_size] * block_size + j % block_size;
+          const float* kv = kp + (slot * Hkv + kvh) * D;
+          __m256 acc = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(kv));
+          for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(kv + 8 * d), acc);
+          scores[j] = hsum(acc);
+          mx = std::max(mx, scores[j]);
+        }
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vsum = _mm256_setzero_ps();
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+          __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores.data() + j), vmx));
+          _mm256_storeu_ps(scores.data() + j, e);
+          vsum = _mm256_add_ps(vsum, e);
+        }
+        float sum = hsum(vsum);
+        if (j < n) {  // the tail, padded with -inf so exp gives 0
+          float tail[8];
+          for (int64_t u = 0; u < 8; ++u) tail[u] = j + u < n ? scores[j + u] - mx : -INFINITY;
+          __m256 e = exp256(_mm256_loadu_ps(tail));
+          _mm256_storeu_ps(tail, e);
+          for (int64_t u = 0; j + u < n; ++u) { scores[j + u] = tail[u]; sum += tail[u]; }
+        }
+        __m256 o[32];
+        for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_setzero_ps();
+        for (int64_t jj = 0; jj < n; ++jj) {
+          const int64_t slot = table[jj / block_size] * block_size + jj % block_size;
+          const float* vv = vp + (slot * Hkv + kvh) * D;
+          const __m256 p = _mm256_set1_ps(scores[jj]);
+          for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vv + 8 * d), o[d]);
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sum);
+        float* ov = op + (t * H + h) * D;
+        for (int64_t d = 0; d < VD; ++d) _mm256_storeu_ps(ov + 8 * d, _mm256_mul_ps(o[d], inv));
+      }
+    }
+  });
   return out;
 }
 
@@ -195,4 +312,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "(x += residual); w * x / rms(x)");
   m.def("rope_", &rope_, "rotate-half RoPE in place on the first heads of qkv rows");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  m.def("paged_attention", &paged_attention, "causal attention of short query spans over the paged KV cache");
 }
