@@ -66,7 +66,8 @@ def run_decode_bench(args) -> dict:
         elif system.startswith("hf"):
             bar.set_postfix_str(f"loading {system}")
             dtype = torch.float32 if system == "hf-fp32" else torch.bfloat16
-            model = peers.load_hf(llm.engine.model_path, dtype, base=hf_fp32 if dtype != torch.float32 else None)
+            model = peers.load_hf(llm.engine.model_path, dtype, args.device,
+                                  base=hf_fp32 if dtype != torch.float32 else None)
             if dtype == torch.float32:
                 hf_fp32 = model
             peers.hf_generate(model, ids[0], 4, 1, 0.0, SEED)  # warm-up
@@ -90,7 +91,7 @@ def run_decode_bench(args) -> dict:
     if hf_fp32 is not None:
         del hf_fp32
 
-    bw = peers.memory_bandwidth_gbs()
+    bw = peers.memory_bandwidth_gbs(device=args.device)
     arch = llm.engine.arch
     engine_bytes = llm.engine.model.weight_bytes
     fp32_bytes = arch.num_params * 4
@@ -102,7 +103,8 @@ def run_decode_bench(args) -> dict:
     report = {
         "benchmark": "decode", "time": time.strftime("%Y-%m-%d %H:%M:%S"), "model": llm.engine.model_path,
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                    "torch": torch.__version__},
+                    "torch": torch.__version__, "device": args.device,
+                    "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None},
         "settings": {"prompts": len(prompts), "max_new_tokens": max_new, "batch_sizes": batch_sizes,
                      "batch1": "greedy, median over prompts", "batchN": f"n seeded samples of prompt 0, T={TEMPERATURE}",
                      "engine_dtype": llm.config.model.resolved_dtype(),
@@ -127,7 +129,8 @@ def to_markdown(r: dict) -> str:
     eng = res["specserve"]
     lines = [f"# Decode benchmark ({r['time']})", "",
              f"Model `{os.path.basename(r['model'])}`, {r['settings']['prompts']} HumanEval prompts, "
-             f"{r['settings']['max_new_tokens']} new tokens, {r['machine']['threads']} threads, torch {r['machine']['torch']}. "
+             f"{r['settings']['max_new_tokens']} new tokens, device {r['machine'].get('gpu') or r['machine']['device']}, "
+             f"{r['machine']['threads']} CPU threads, torch {r['machine']['torch']}, engine dtype {r['settings']['engine_dtype']}. "
              f"Batch 1: greedy (median over prompts); batch N: {r['settings']['batchN']}.", "",
              "| system | batch | decode ms/step | TTFT ms | tokens/s | specserve speed-up (ms/step) | specserve throughput ratio |",
              "|---|---|---|---|---|---|---|"]

@@ -9,29 +9,36 @@ from typing import Optional
 import torch
 
 
-def load_hf(gguf_path: str, dtype: torch.dtype, base=None):
+def load_hf(gguf_path: str, dtype: torch.dtype, device: str = "cpu", base=None):
     """HF transformers' own GGUF loader (dequantises to dense), or a dtype copy of an already loaded one."""
     if base is not None:
         return copy.deepcopy(base).to(dtype)
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path),
-                                                dtype=dtype).eval()
+                                                dtype=dtype).eval().to(device)
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 @torch.inference_mode()
 def hf_generate(model, ids: list[int], max_new: int, batch: int, temperature: float, seed: int) -> dict:
     """Time HF generate(): TTFT from a 1-token run, decode ms/token from the full run."""
-    x = torch.tensor([ids])
+    x = torch.tensor([ids], device=model.device)
     kw = dict(do_sample=temperature > 0, pad_token_id=model.config.eos_token_id or 0)
     if temperature > 0:
         kw.update(temperature=temperature, top_k=0, top_p=1.0, num_return_sequences=batch)
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
+    sync(model.device)
     ttft = time.perf_counter() - t0
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     out = model.generate(x, max_new_tokens=max_new, min_new_tokens=max_new, **kw)
+    sync(model.device)
     wall = time.perf_counter() - t0
     n_new = out.shape[1] - len(ids)
     return {"ttft_s": ttft, "decode_ms_per_step": (wall - ttft) / max(1, n_new - 1) * 1e3,
@@ -70,13 +77,15 @@ def llama_cpp_generate(llm, ids: list[int], max_new: int) -> dict:
             "tokens_per_s": len(toks) / wall, "wall_s": wall, "tokens": len(toks), "output_ids": toks}
 
 
-def memory_bandwidth_gbs(gib: float = 1.0, repeats: int = 5) -> float:
-    """Read bandwidth as torch sees it: the best of a few full sums over a buffer far larger than L3."""
-    x = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32)
+def memory_bandwidth_gbs(gib: float = 1.0, repeats: int = 5, device: str = "cpu") -> float:
+    """Read bandwidth as torch sees it: the best of a few full sums over a buffer far larger than any cache."""
+    x = torch.ones(int(gib * 2**30) // 4, dtype=torch.float32, device=device)
     x.sum()
     best = float("inf")
     for _ in range(repeats):
+        sync(device)
         t0 = time.perf_counter()
         x.sum()
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return x.numel() * 4 / best / 1e9
