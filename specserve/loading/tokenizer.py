@@ -60,7 +60,7 @@ class Tokenizer:
         if kind != "gpt2":
             raise ValueError(f"{path}: tokenizer type {kind!r} is not supported (supported: 'gpt2' BPE)")
         tokens: list[str] = fields["tokenizer.ggml.tokens"]
-        merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
+        merges = [tuple(m.split(" ", 1)) for m in fields.get("tokenizer.ggml.merges") or []]
         vocab = {t: i for i, t in enumerate(tokens)}
         bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
         backend = HFTokenizer(bpe)
