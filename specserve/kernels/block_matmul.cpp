@@ -46,6 +46,56 @@ inline void unpack_q8(const int8_t* qs, __m256 q[4]) {
   }
 }
 
+template <bool Q4>
+inline void unpack(const uint8_t* qs_row, int64_t b, __m256 q[4]) {
+  if (Q4) unpack_q4(qs_row + b * (QK / 2), q);
+  else unpack_q8(reinterpret_cast<const int8_t*>(qs_row) + b * QK, q);
+}
+
+template <bool Q4>
+inline float min_term(const float* m_row, const float* xs, int64_t nblocks, __m256 a) {
+  // hsum(a) + sum_b m_b * xsum_b, 8 blocks at a time
+  int64_t b = 0;
+  if (Q4)
+    for (; b + 8 <= nblocks; b += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(m_row + b), _mm256_loadu_ps(xs + b), a);
+  float total = hsum(a);
+  if (Q4)
+    for (; b < nblocks; ++b) total += m_row[b] * xs[b];
+  return total;
+}
+
+// One row: nothing to amortise the scaling over, so each block's dot product t = q . x is scaled
+// once (acc += d * t); two blocks in flight keep the FMA chains overlapping.
+template <bool Q4>
+inline void column1(const uint8_t* qs_row, const float* d_row, const float* m_row, const float* x,
+                    const float* xsum, int64_t nblocks, float* y) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nblocks; b += 2) {
+    __m256 q[4], p[4];
+    unpack<Q4>(qs_row, b, q);
+    unpack<Q4>(qs_row, b + 1, p);
+    const float* xb = x + b * QK;
+    __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
+    __m256 u = _mm256_mul_ps(p[0], _mm256_loadu_ps(xb + QK));
+    for (int j = 1; j < 4; ++j) {
+      t = _mm256_fmadd_ps(q[j], _mm256_loadu_ps(xb + 8 * j), t);
+      u = _mm256_fmadd_ps(p[j], _mm256_loadu_ps(xb + QK + 8 * j), u);
+    }
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d_row[b]), t, acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d_row[b + 1]), u, acc1);
+  }
+  if (b < nblocks) {
+    __m256 q[4];
+    unpack<Q4>(qs_row, b, q);
+    const float* xb = x + b * QK;
+    __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
+    for (int j = 1; j < 4; ++j) t = _mm256_fmadd_ps(q[j], _mm256_loadu_ps(xb + 8 * j), t);
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d_row[b]), t, acc0);
+  }
+  *y = min_term<Q4>(m_row, xsum, nblocks, _mm256_add_ps(acc0, acc1));
+}
+
 // One output column n for R activation rows.
 // Each block's q is scaled by d once (d*q is exactly the dequantised weight minus the min), then
 // feeds R rows with 4 FMAs each. Small R gets several accumulators per row so the FMA chains
@@ -53,14 +103,17 @@ inline void unpack_q8(const int8_t* qs, __m256 q[4]) {
 template <int R, bool Q4>
 inline void column(const uint8_t* qs_row, const float* d_row, const float* m_row, const float* x,
                    const float* xsum, int64_t K, int64_t nblocks, float* y, int64_t ldy) {
+  if constexpr (R == 1) {
+    column1<Q4>(qs_row, d_row, m_row, x, xsum, nblocks, y);
+    return;
+  }
   constexpr int ACC = R <= 2 ? 4 : (R <= 4 ? 2 : 1);
   __m256 acc[R][ACC];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < ACC; ++j) acc[r][j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nblocks; ++b) {
     __m256 q[4];
-    if (Q4) unpack_q4(qs_row + b * (QK / 2), q);
-    else unpack_q8(reinterpret_cast<const int8_t*>(qs_row) + b * QK, q);
+    unpack<Q4>(qs_row, b, q);
     const __m256 d = _mm256_set1_ps(d_row[b]);
     for (int j = 0; j < 4; ++j) q[j] = _mm256_mul_ps(q[j], d);
     for (int r = 0; r < R; ++r) {
@@ -72,16 +125,7 @@ inline void column(const uint8_t* qs_row, const float* d_row, const float* m_row
   for (int r = 0; r < R; ++r) {
     __m256 a = acc[r][0];
     for (int j = 1; j < ACC; ++j) a = _mm256_add_ps(a, acc[r][j]);
-    if (Q4) {  // + sum_b m_b * xsum_b, 8 blocks at a time
-      const float* xs = xsum + r * nblocks;
-      int64_t b = 0;
-      for (; b + 8 <= nblocks; b += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(m_row + b), _mm256_loadu_ps(xs + b), a);
-      float total = hsum(a);
-      for (; b < nblocks; ++b) total += m_row[b] * xs[b];
-      y[r * ldy] = total;
-    } else {
-      y[r * ldy] = hsum(a);
-    }
+    y[r * ldy] = min_term<Q4>(m_row, Q4 ? xsum + r * nblocks : nullptr, nblocks, a);
   }
 }
 
