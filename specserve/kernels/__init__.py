@@ -1,6 +1,7 @@
 """CPU kernels compiled on first use (torch.utils.cpp_extension), with a pure-torch fallback.
 
-`block_matmul` multiplies fp32 activations by weights kept in GGML blocks (see block_matmul.cpp).
+`block_matmul` multiplies fp32 activations by weights kept in GGML blocks (see block_matmul.cpp);
+elementwise.cpp, attention.cpp and decoder_layer.cpp fuse the rest of a decode step.
 If the compiler or AVX2 is missing, `available()` is False and callers use dense fp32 weights instead.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import warnings
 import numpy as np
 import torch
 
+SOURCES = ("block_matmul.cpp", "elementwise.cpp", "attention.cpp", "decoder_layer.cpp")
 _ext = None
 _tried = False
 
@@ -32,9 +34,10 @@ def _load():
         return None
     try:
         from torch.utils.cpp_extension import load
-        src = os.path.join(os.path.dirname(__file__), "block_matmul.cpp")
+        here = os.path.dirname(__file__)
+        sources = [os.path.join(here, f) for f in SOURCES]
         # Compiling takes ~1 minute the first time; later loads hit the build cache.
-        _ext = load(name="specserve_block_matmul", sources=[src], verbose=False,
+        _ext = load(name="specserve_kernels", sources=sources, extra_include_paths=[here], verbose=False,
                     extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
                     extra_ldflags=["-fopenmp"])
     except Exception as e:  # no compiler, no ninja, ...: fall back to dense weights, loudly
@@ -80,6 +83,10 @@ class BlockWeight:
             self.qs = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 2:]).reshape(n, k // 2))
         else:
             raise ValueError(f"block kernels support {self.SUPPORTED}, not {type_name}")
+
+    def parts(self) -> list[torch.Tensor]:
+        """[qs, scales, mins] as the fused decoder layer takes them."""
+        return [self.qs, self.scales, self.mins]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] float32 -> [M, N] float32."""

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
-from ..attention.paged import AttentionMetadata, paged_attention
+from ..attention.paged import PAGED_KERNEL_MAX_Q, AttentionMetadata, paged_attention
 from ..loading.weights import ModelArch, QuantizedWeight, as_dense
-from .layers import Linear, Rotary, rms_norm, silu_mul
+from .layers import BLOCK_KERNEL_MAX_ROWS, Linear, Rotary, rms_norm, silu_mul
 
 
 class DecoderLayer:
@@ -53,6 +53,13 @@ class LlamaModel:
         self.rotary = Rotary(arch.head_dim, arch.rope_theta, arch.rope_scaling,
                              max_len or arch.max_position_embeddings, weights.get("rope_freqs"), device)
         self.scale = arch.head_dim ** -0.5
+        # Decode-sized steps run each layer as one C++ call when every projection is blocked.
+        self.fused_layers = None
+        if all(lin.block is not None for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)) \
+                and self.head_dim % 8 == 0:
+            self.fused_layers = [(layer.attn_norm, layer.ffn_norm, layer.qkv.block.parts(), layer.qkv.bias,
+                                  layer.o.block.parts(), layer.gate_up.block.parts(), layer.down.block.parts())
+                                 for layer in self.layers]
 
     @property
     def weight_bytes(self) -> int:
@@ -74,12 +81,22 @@ class LlamaModel:
         T = x.shape[0]
         cos, sin = self.rotary.tables(positions)  # [T, D] each
         delta = None  # the last sub-layer's output, added to x inside the next norm
+        if self.fused_layers is not None and T <= BLOCK_KERNEL_MAX_ROWS and meta.max_q_len <= PAGED_KERNEL_MAX_Q:
+            ext = kernels.ext()
+            tables, q_starts, q_lens, kv_lens = meta.paged_fields()
+            for li, (attn_norm, ffn_norm, qkv, qkv_bias, o, gate_up, down) in enumerate(self.fused_layers):
+                delta = ext.decoder_layer(x, delta, attn_norm, ffn_norm, self.eps, qkv, qkv_bias, o, gate_up, down,
+                                          cos, sin, k_cache[li], v_cache[li], meta.slot_mapping, tables, q_starts,
+                                          q_lens, kv_lens, meta.block_size, self.scale, H, Hkv, D)
+            return self._head(x + delta, logits_indices)
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, self.eps, residual=delta)
             q, k, v = Rotary.apply(layer.qkv(h), cos, sin, H, Hkv, D)  # [T, heads, D]
             attn = paged_attention(q, k, v, k_cache[li], v_cache[li], meta, self.scale)
             h = rms_norm(x, layer.ffn_norm, self.eps, residual=layer.o(attn.reshape(T, H * D)))
             delta = layer.down(silu_mul(layer.gate_up(h)))  # [T, hidden]
-        x = x + delta
+        return self._head(x + delta, logits_indices)
+
+    def _head(self, x: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
         x = rms_norm(x[logits_indices].contiguous(), self.norm, self.eps)  # [S, hidden]: only rows that sample
         return self.lm_head(x).float()

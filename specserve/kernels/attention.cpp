@@ -1,0 +1,85 @@
+// Paged attention for short query spans (decode tokens, verify spans), straight from the KV blocks.
+#include "ops.h"
+
+namespace specserve {
+
+// q [T, H, D]; caches [slots, Hkv, D]; block_tables [B, max_blocks]; per sequence: first row in q,
+// number of new tokens, context length (new tokens included). Sequence b's query i sits at position
+// kv_len - q_len + i and attends to keys 0..that position. D must be a multiple of 8.
+torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                              torch::Tensor block_tables, torch::Tensor q_starts, torch::Tensor q_lens,
+                              torch::Tensor kv_lens, int64_t block_size, double scale) {
+  const int64_t H = q.size(1), D = q.size(2), Hkv = k_cache.size(1), B = q_lens.size(0);
+  const int64_t group = H / Hkv, max_blocks = block_tables.size(1), VD = D / 8;
+  TORCH_CHECK(D % 8 == 0 && D <= 256, "head_dim must be a multiple of 8, at most 256");
+  auto out = torch::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int64_t* bt = block_tables.data_ptr<int64_t>();
+  const int64_t* qs = q_starts.data_ptr<int64_t>();
+  const int64_t* ql = q_lens.data_ptr<int64_t>();
+  const int64_t* kl = kv_lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  int64_t max_kv = 0;
+  for (int64_t b = 0; b < B; ++b) max_kv = std::max(max_kv, kl[b]);
+  at::parallel_for(0, B * H, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> scores(max_kv + 8);
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / H, h = w % H, kvh = h / group;
+      const int64_t* table = bt + b * max_blocks;
+      for (int64_t i = 0; i < ql[b]; ++i) {
+        const int64_t t = qs[b] + i, n = kl[b] - ql[b] + i + 1;  // keys this query sees
+        const float* qv = qp + (t * H + h) * D;
+        __m256 qreg[32];
+        for (int64_t d = 0; d < VD; ++d) qreg[d] = _mm256_mul_ps(_mm256_loadu_ps(qv + 8 * d), _mm256_set1_ps(scale));
+        float mx = -INFINITY;
+        // Walk the block table block by block (no division per key).
+        for (int64_t j0 = 0, blk = 0; j0 < n; j0 += block_size, ++blk) {
+          const float* kblock = kp + (table[blk] * block_size * Hkv + kvh) * D;
+          const int64_t m = std::min(block_size, n - j0);
+          for (int64_t o = 0; o < m; ++o) {
+            const float* kv = kblock + o * Hkv * D;
+            __m256 acc = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(kv));
+            for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(kv + 8 * d), acc);
+            scores[j0 + o] = hsum(acc);
+            mx = std::max(mx, scores[j0 + o]);
+          }
+        }
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vsum = _mm256_setzero_ps();
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+          __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores.data() + j), vmx));
+          _mm256_storeu_ps(scores.data() + j, e);
+          vsum = _mm256_add_ps(vsum, e);
+        }
+        float sum = hsum(vsum);
+        if (j < n) {  // the tail, padded with -inf so exp gives 0
+          float tail[8];
+          for (int64_t u = 0; u < 8; ++u) tail[u] = j + u < n ? scores[j + u] - mx : -INFINITY;
+          __m256 e = exp256(_mm256_loadu_ps(tail));
+          _mm256_storeu_ps(tail, e);
+          for (int64_t u = 0; j + u < n; ++u) { scores[j + u] = tail[u]; sum += tail[u]; }
+        }
+        __m256 o[32];
+        for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_setzero_ps();
+        for (int64_t j0 = 0, blk = 0; j0 < n; j0 += block_size, ++blk) {
+          const float* vblock = vp + (table[blk] * block_size * Hkv + kvh) * D;
+          const int64_t m = std::min(block_size, n - j0);
+          for (int64_t u = 0; u < m; ++u) {
+            const float* vv = vblock + u * Hkv * D;
+            const __m256 p = _mm256_set1_ps(scores[j0 + u]);
+            for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vv + 8 * d), o[d]);
+          }
+        }
+        const __m256 inv = _mm256_set1_ps(1.0f / sum);
+        float* ov = op + (t * H + h) * D;
+        for (int64_t d = 0; d < VD; ++d) _mm256_storeu_ps(ov + 8 * d, _mm256_mul_ps(o[d], inv));
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace specserve

@@ -1,0 +1,67 @@
+// Fused element-wise ops for the fp32 CPU path (each replaces 4-8 small torch ops).
+#include "ops.h"
+
+namespace specserve {
+
+// out = w * x / rms(x) over the last dim; if residual is given, x += residual first (in place).
+torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps) {
+  TORCH_CHECK(x.is_contiguous() && x.dtype() == torch::kFloat32, "x must be contiguous f32");
+  const int64_t T = x.size(0), H = x.size(1);
+  auto out = torch::empty_like(x);
+  float* xp = x.data_ptr<float>();
+  const float* rp = residual ? residual->contiguous().data_ptr<float>() : nullptr;
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = xp + t * H;
+    if (rp) for (int64_t i = 0; i < H; ++i) row[i] += rp[t * H + i];
+    double ss = 0;
+    for (int64_t i = 0; i < H; ++i) ss += static_cast<double>(row[i]) * row[i];
+    // fp32 like torch's mean(x^2); double accumulation only makes it closer to exact.
+    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / H) + static_cast<float>(eps));
+    for (int64_t i = 0; i < H; ++i) op[t * H + i] = wp[i] * (row[i] * inv);
+  }
+  return out;
+}
+
+// Rotate-half RoPE in place on the first `heads` heads of each row of qkv [T, (H + 2 Hkv) * D].
+void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t D) {
+  const int64_t T = qkv.size(0), stride = qkv.size(1), half = D / 2;
+  float* p = qkv.data_ptr<float>();
+  const float* c = cos.data_ptr<float>();
+  const float* s = sin.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      float* x = p + t * stride + h * D;
+      const float* ct = c + t * D;
+      const float* st = s + t * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = x[i], b = x[i + half];
+        x[i] = a * ct[i] - b * st[i];
+        x[i + half] = b * ct[i + half] + a * st[i + half];
+      }
+    }
+}
+
+// [T, 2F] (gate | up) -> silu(gate) * up = gate / (1 + exp(-gate)) * up  [T, F]
+torch::Tensor silu_mul(torch::Tensor gu) {
+  const int64_t T = gu.size(0), F = gu.size(1) / 2;
+  auto out = torch::empty({T, F}, gu.options());
+  const float* g = gu.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* gt = g + t * 2 * F;
+    float* ot = o + t * F;
+    int64_t i = 0;
+    for (; i + 8 <= F; i += 8) {
+      const __m256 a = _mm256_loadu_ps(gt + i);
+      const __m256 e = exp256(_mm256_sub_ps(zero, a));
+      _mm256_storeu_ps(ot + i, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), _mm256_loadu_ps(gt + F + i)));
+    }
+    for (; i < F; ++i) ot[i] = gt[i] / (1.0f + std::exp(-gt[i])) * gt[F + i];
+  }
+  return out;
+}
+
+}  // namespace specserve
