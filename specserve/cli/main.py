@@ -7,29 +7,19 @@ import sys
 import time
 
 
-class UsageError(Exception):
-    pass
+def _checked(convert, ok, rule: str):
+    """An argparse type: convert, then reject values that break `rule` with one line."""
+    def parse(s: str):
+        v = convert(s)
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {v}")
+        return v
+    return parse
 
 
-def _positive_int(s: str) -> int:
-    v = int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
-def _top_p(s: str) -> float:
-    v = float(s)
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {v}")
-    return v
-
-
-def _temperature(s: str) -> float:
-    v = float(s)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
+_positive_int = _checked(int, lambda v: v >= 1, ">= 1")
+_top_p = _checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
+_temperature = _checked(float, lambda v: v >= 0, ">= 0")
 
 
 def _model_path(s: str) -> str:
@@ -123,7 +113,7 @@ def main(argv=None) -> int:
             from ..bench.decode import run_decode_bench
             run_decode_bench(args)
             return 0
-    except (ValueError, FileNotFoundError, UsageError) as e:
+    except (ValueError, FileNotFoundError) as e:
         print(f"specserve: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

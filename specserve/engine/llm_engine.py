@@ -106,16 +106,16 @@ class LLMEngine:
         want_lp = any(p.logprobs for p in params)
         tokens, logprobs = sample(logits[rows] if len(rows) != len(samplers) else logits, params, gens, want_lp)
 
-        events = []
+        # Fork before any token is appended: appending may finish the leader and free its blocks.
         copies = []
-        for j, (r, tok) in enumerate(zip(row_reqs, tokens)):
+        for r in row_reqs:
             if r.status == RequestStatus.WAITING_FOR_FORK:
                 copies += self.scheduler.fork(r.leader, r)
                 r.leader = None
-            events.append((r, self._append(r, tok, logprobs[j] if want_lp else None, now)))
         if copies:
             self.kv.copy_blocks(copies)
-        return events
+        return [(r, self._append(r, tok, logprobs[j] if want_lp else None, now))
+                for j, (r, tok) in enumerate(zip(row_reqs, tokens))]
 
     def _append(self, r: Request, token: int, logprob: Optional[float], now: float) -> str:
         r.output_token_ids.append(token)

@@ -68,9 +68,6 @@ class QuantizedWeight:
         return self.shape[0] * self.shape[1] // per_block * block_bytes
 
 
-Weight = "torch.Tensor | QuantizedWeight"
-
-
 def as_dense(w, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     if isinstance(w, QuantizedWeight):
         w = w.dequantize()

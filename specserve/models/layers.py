@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
 import torch
 
 from .. import kernels
@@ -23,7 +24,6 @@ class Linear:
         self.block = None
         if use_blocks and all(isinstance(w, QuantizedWeight) for w in weights) \
                 and len({w.type_name for w in weights}) == 1 and weights[0].type_name in kernels.BlockWeight.SUPPORTED:
-            import numpy as np
             raw = np.concatenate([w.raw for w in weights], axis=0)
             shape = (sum(w.shape[0] for w in weights), weights[0].shape[1])
             self.block = kernels.BlockWeight(weights[0].type_name, raw, shape)

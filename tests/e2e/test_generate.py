@@ -43,3 +43,13 @@ def test_chat_uses_template_and_stops_at_eos(embedded_llm):
                             SamplingParams(temperature=0, max_tokens=64))[0].outputs[0]
     assert "Paris" in out.text
     assert out.finish_reason == "stop" and out.token_ids[-1] in embedded_llm.tokenizer.eos_token_ids
+
+
+def test_n_samples_finishing_at_once_free_every_block(embedded_llm):
+    blocks = embedded_llm.engine.scheduler.blocks
+    free_before = blocks.num_free_blocks
+    out = embedded_llm.generate("def add(a, b):", SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=1))[0]
+    assert [len(o.token_ids) for o in out.outputs] == [1, 1, 1, 1]
+    out = embedded_llm.generate("def add(a, b):", SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=5))[0]
+    assert all(len(o.token_ids) == 5 for o in out.outputs)
+    assert blocks.num_free_blocks == free_before and not embedded_llm.engine.has_unfinished()
