@@ -53,3 +53,28 @@ def test_n_samples_finishing_at_once_free_every_block(embedded_llm):
     out = embedded_llm.generate("def add(a, b):", SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=5))[0]
     assert all(len(o.token_ids) == 5 for o in out.outputs)
     assert blocks.num_free_blocks == free_before and not embedded_llm.engine.has_unfinished()
+
+
+def test_chunked_prefill_and_preemption_change_nothing(embedded_llm):
+    """A tiny KV cache (forcing preemption and recompute) and a small token budget (forcing chunked
+    prefill and mixed prefill/decode steps) give the same greedy tokens as the roomy default engine."""
+    from specserve import LLM
+
+    prompts = humaneval_prompts(4)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in embedded_llm.generate(prompts, params)]
+    per_block = 2 * 30 * 16 * 3 * 64 * 4  # SmolLM2: layers x (K, V) x block x kv heads x head dim x fp32
+    tight = LLM(kv_cache_gib=22 * per_block / 2**30, max_num_batched_tokens=48)
+    assert tight.engine.kv.num_blocks == 22  # 4 prompts of ~100-130 tokens need ~32 blocks together
+    preempted = []
+    step = tight.engine.scheduler.schedule
+
+    def spy():
+        out = step()
+        preempted.extend(out.preempted)
+        return out
+
+    tight.engine.scheduler.schedule = spy
+    got = [o.outputs[0].token_ids for o in tight.generate(prompts, params)]
+    assert preempted, "the cache was meant to be too small to hold every sequence"
+    assert got == ref
