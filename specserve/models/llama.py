@@ -64,11 +64,10 @@ class LlamaModel:
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights read per decode step (what bounds batch-1 speed)."""
-        total = sum(t.numel() * t.element_size() for t in [self.norm])
+        nbytes = lambda t: t.numel() * t.element_size()
+        total = nbytes(self.norm) + sum(nbytes(layer.attn_norm) + nbytes(layer.ffn_norm) for layer in self.layers)
         for lin in [self.lm_head] + [l for layer in self.layers for l in (layer.qkv, layer.o, layer.gate_up, layer.down)]:
-            total += lin.block.nbytes if lin.block is not None else lin.dense.numel() * lin.dense.element_size()
-        for layer in self.layers:
-            total += 2 * layer.attn_norm.numel() * layer.attn_norm.element_size()
+            total += lin.block.nbytes if lin.block is not None else nbytes(lin.dense)
         return total
 
     @torch.inference_mode()
