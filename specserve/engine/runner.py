@@ -21,8 +21,10 @@ class ModelRunner:
         offset = 0
         for s in scheduled:
             r, start, n = s.request, s.request.num_computed_tokens, s.num_new_tokens
-            all_ids = r.all_token_ids
-            token_ids.extend(all_ids[start:start + n])
+            # Slice prompt and output separately: no O(length) copy of the whole sequence per step.
+            n_prompt = len(r.prompt_token_ids)
+            token_ids.extend(r.prompt_token_ids[start:start + n])
+            token_ids.extend(r.output_token_ids[max(0, start - n_prompt):max(0, start + n - n_prompt)])
             positions.extend(range(start, start + n))
             q_lens.append(n)
             kv_lens.append(start + n)

@@ -94,23 +94,20 @@ class BlockWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The dense [N, K] float32 weight (bit-identical to the GGUF dequantisation)."""
-        n, k = self.shape
-        s = self.scales.unsqueeze(-1)  # [N, K/32, 1]
-        if self.is_q4:
-            b = self.qs.view(n, k // 32, 16)
-            q = torch.cat([b & 0x0F, b >> 4], dim=-1).to(torch.float32)
-            return torch.addcmul(self.mins.unsqueeze(-1), q, s).view(n, k)
-        return (self.qs.view(torch.int8).view(n, k // 32, 32).to(torch.float32) * s).view(n, k)
+        return self._dense(self.qs, self.scales, self.mins)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Dequantised rows [len(ids), K] (the embedding lookup of a tied Q8_0 table)."""
-        n, k = self.shape
-        s = self.scales[ids].unsqueeze(-1)  # [T, K/32, 1]
+        """Dequantised rows [len(ids), K] (the embedding lookup of a tied table)."""
+        return self._dense(self.qs[ids], self.scales[ids], self.mins[ids] if self.is_q4 else self.mins)
+
+    def _dense(self, qs: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+        k = self.shape[1]
+        s = scales.unsqueeze(-1)  # [rows, K/32, 1]
         if self.is_q4:
-            b = self.qs[ids].view(-1, k // 32, 16)
-            q = torch.cat([b & 0x0F, b >> 4], dim=-1).float()
-            return (q * s + self.mins[ids].unsqueeze(-1)).reshape(-1, k)
-        return (self.qs[ids].view(torch.int8).view(-1, k // 32, 32).float() * s).reshape(-1, k)
+            b = qs.view(-1, k // 32, 16)
+            q = torch.cat([b & 0x0F, b >> 4], dim=-1).to(torch.float32)
+            return torch.addcmul(mins.unsqueeze(-1), q, s).view(-1, k)
+        return (qs.view(torch.int8).view(-1, k // 32, 32).to(torch.float32) * s).view(-1, k)
 
     @property
     def nbytes(self) -> int:

@@ -56,3 +56,4 @@ def test_finish_frees_blocks():
     s.schedule()
     s.finish(a)
     assert bm.num_free_blocks == 8 and not s.has_unfinished()
+
