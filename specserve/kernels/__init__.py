@@ -25,6 +25,14 @@ def _cpu_has_avx2() -> bool:
         return False
 
 
+def _built() -> bool:
+    try:  # a private torch helper: if it moves, just skip the message
+        from torch.utils.cpp_extension import _get_build_directory
+        return os.path.exists(os.path.join(_get_build_directory("specserve_kernels", False), "specserve_kernels.so"))
+    except Exception:
+        return True
+
+
 def _load():
     global _ext, _tried
     if _tried:
@@ -37,8 +45,7 @@ def _load():
         here = os.path.dirname(__file__)
         sources = [os.path.join(here, f) for f in SOURCES]
         # Compiling takes ~1 minute the first time; later loads hit the build cache.
-        from torch.utils.cpp_extension import _get_build_directory
-        if not os.path.exists(os.path.join(_get_build_directory("specserve_kernels", False), "specserve_kernels.so")):
+        if not _built():
             print("specserve: compiling the CPU kernels (first run only, about a minute)...", file=sys.stderr, flush=True)
         _ext = load(name="specserve_kernels", sources=sources, extra_include_paths=[here], verbose=False,
                     extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
