@@ -1,0 +1,59 @@
+"""The simulator on cases small enough to compute by hand."""
+import numpy as np
+import pytest
+
+from specserve.planner.simulator import Group, Request, simulate
+
+
+def reqs(times, model="a"):
+    return [Request(t, model) for t in times]
+
+
+def test_one_device_fifo_queue():
+    g = Group(devices=[0], stage_latency={"a": [1.0]})
+    res = simulate([g], reqs([0.0, 0.5, 1.0, 3.0]), slo={"a": 10.0})
+    # finishes at 1, 2, 3, 4 -> latencies 1, 1.5, 2, 1
+    np.testing.assert_allclose(res.finish, [1.0, 2.0, 3.0, 4.0])
+    np.testing.assert_allclose(res.latencies, [1.0, 1.5, 2.0, 1.0])
+    assert res.slo_attainment == 1.0
+    assert res.busy_time[0] == pytest.approx(4.0) and res.horizon == pytest.approx(4.0)
+
+
+def test_two_stage_pipeline_overlaps_requests():
+    g = Group(devices=[0, 1], stage_latency={"a": [0.5, 0.5]}, pp=2)
+    res = simulate([g], reqs([0.0, 0.1, 0.2]), slo={"a": 10.0})
+    # stage 1 frees every 0.5 s: finishes at 1.0, 1.5, 2.0
+    np.testing.assert_allclose(res.finish, [1.0, 1.5, 2.0])
+    np.testing.assert_allclose(res.latencies, [1.0, 1.4, 1.8])
+    assert res.busy_time == {0: pytest.approx(1.5), 1: pytest.approx(1.5)}
+
+
+def test_uneven_stages_wait_for_the_slow_one():
+    g = Group(devices=[0, 1], stage_latency={"a": [0.2, 1.0]}, pp=2)
+    res = simulate([g], reqs([0.0, 0.0]), slo={"a": 10.0})
+    # second request leaves stage 1 at 0.4 but stage 2 is busy until 1.2: finishes 2.2
+    np.testing.assert_allclose(res.finish, [1.2, 2.2])
+
+
+def test_requests_that_would_miss_the_deadline_are_dropped():
+    g = Group(devices=[0], stage_latency={"a": [1.0]})
+    res = simulate([g], reqs([0.0, 0.0, 0.0, 1.2]), slo={"a": 1.5})
+    # 1st: done at 1 (ok); 2nd and 3rd would end at 2 (latency 2 > 1.5): dropped, no device time;
+    # 4th starts at 1.2 when the device is free: done at 2.2
+    assert np.isnan(res.finish[1]) and np.isnan(res.finish[2])
+    np.testing.assert_allclose(res.finish[[0, 3]], [1.0, 2.2])
+    assert res.slo_attainment == pytest.approx(0.5) and res.busy_time[0] == pytest.approx(2.0)
+
+
+def test_shortest_queue_dispatch_and_unserved_models():
+    g0 = Group(devices=[0], stage_latency={"a": [1.0]})
+    g1 = Group(devices=[1], stage_latency={"a": [1.0], "b": [1.0]})
+    res = simulate([g0, g1], [Request(0.0, "a"), Request(0.0, "a"), Request(0.0, "c")], slo={"a": 5, "b": 5, "c": 5})
+    # the two a-requests go to different groups (both finish at 1); nobody serves c
+    np.testing.assert_allclose(res.finish[:2], [1.0, 1.0])
+    assert np.isnan(res.finish[2]) and res.per_model_good == {"a": (2, 2), "c": (0, 1)}
+
+
+def test_unsorted_requests_are_an_error():
+    with pytest.raises(ValueError, match="sorted"):
+        simulate([Group([0], {"a": [1.0]})], reqs([1.0, 0.0]), slo={"a": 1.0})
