@@ -1,0 +1,94 @@
+"""Arrival processes and trace replay, seeded. Times in seconds from 0, sorted.
+
+Gamma(rate, CV) inter-arrivals have shape 1/CV^2 and scale CV^2/rate: mean 1/rate, and CV 1 is
+Poisson. Traces: a per-request CSV (timestamp, model[, input_tokens, output_tokens]), the Azure LLM
+inference trace's columns (TIMESTAMP, ContextTokens, GeneratedTokens), or per-minute invocation
+counts per function (Azure Functions 2019: HashFunction, then minute columns 1..1440).
+"""
+from __future__ import annotations
+
+import csv
+from datetime import datetime
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .simulator import Request
+
+
+def gamma_arrivals(rate: float, cv: float, duration: float, rng: np.random.Generator) -> np.ndarray:
+    if rate <= 0 or cv <= 0 or duration <= 0:
+        raise ValueError(f"gamma workload needs rate, cv and duration > 0 (got rate={rate}, cv={cv}, duration={duration})")
+    shape, scale = 1.0 / cv**2, cv**2 / rate
+    n = int(rate * duration * 1.5) + 64
+    times = np.cumsum(rng.gamma(shape, scale, size=n))
+    while times[-1] < duration:  # rare with bursty CV: draw more
+        times = np.concatenate([times, times[-1] + np.cumsum(rng.gamma(shape, scale, size=n))])
+    return times[times < duration]
+
+
+def poisson_arrivals(rate: float, duration: float, rng: np.random.Generator) -> np.ndarray:
+    return gamma_arrivals(rate, 1.0, duration, rng)
+
+
+def multi_model(models: Sequence[str], rate: float, cv: float, duration: float, seed: int,
+                weights: Optional[Sequence[float]] = None) -> list[Request]:
+    """Total `rate` split over models (evenly, or by `weights`), each its own Gamma(rate_i, cv) process."""
+    rng = np.random.default_rng(seed)
+    w = np.ones(len(models)) if weights is None else np.asarray(weights, dtype=float)
+    w = w / w.sum()
+    reqs = [Request(float(t), m) for m, wi in zip(models, w) for t in gamma_arrivals(rate * wi, cv, duration, rng)]
+    reqs.sort(key=lambda r: r.arrival)
+    return reqs
+
+
+def load_trace(path: str, models: Sequence[str], seed: int = 0, time_scale: float = 1.0) -> list[Request]:
+    """Replay a CSV trace; functions or unnamed requests are mapped onto `models` round-robin."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read trace ({e.strerror})") from None
+    if len(rows) < 2:
+        raise ValueError(f"{path}: trace has no rows")
+    header = [h.strip() for h in rows[0]]
+    body = [r for r in rows[1:] if any(c.strip() for c in r)]
+    lower = [h.lower() for h in header]
+    try:
+        if "timestamp" in lower and "contexttokens" in lower:  # Azure LLM inference trace
+            ti = lower.index("timestamp")
+            stamps = [_parse_time(r[ti]) for r in body]
+            t0 = min(stamps)
+            reqs = [Request((s - t0) * time_scale, models[i % len(models)]) for i, s in enumerate(sorted(stamps))]
+        elif "timestamp" in lower and "model" in lower:  # per-request layout
+            ti, mi = lower.index("timestamp"), lower.index("model")
+            reqs = [Request(float(r[ti]) * time_scale, r[mi].strip()) for r in body]
+            unknown = {r.model for r in reqs} - set(models)
+            if unknown:
+                raise ValueError(f"models {sorted(unknown)} are not among the placed models")
+        elif "hashfunction" in lower:  # Azure Functions 2019: per-minute counts
+            first = next(i for i, h in enumerate(header) if h.isdigit())
+            rng = np.random.default_rng(seed)
+            reqs = []
+            for fi, r in enumerate(body):
+                counts = np.asarray([int(float(c or 0)) for c in r[first:]])
+                minute = np.repeat(np.arange(len(counts)), counts)
+                times = (minute + rng.random(len(minute))) * 60.0 * time_scale
+                reqs += [Request(float(t), models[fi % len(models)]) for t in times]
+        else:
+            raise ValueError("unknown layout: expected columns (timestamp, model), (TIMESTAMP, ContextTokens, "
+                             "GeneratedTokens) or (HashFunction, 1..1440)")
+    except (ValueError, IndexError) as e:
+        raise ValueError(f"{path}: malformed trace: {e}") from None
+    reqs.sort(key=lambda r: r.arrival)
+    return reqs
+
+
+def _parse_time(s: str) -> float:
+    s = s.strip()
+    try:
+        return float(s)
+    except ValueError:
+        # Azure's "2023-11-16 18:15:46.6805900": trim to microseconds for fromisoformat
+        head, _, frac = s.partition(".")
+        return datetime.fromisoformat(head + ("." + frac[:6] if frac else "")).timestamp()
