@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     add_model_args(g)
 
+    from .plan import add_plan_args
+    pl = sub.add_parser("plan", help="place models on a cluster for SLO attainment (AlpaServe)")
+    add_plan_args(pl)
+
     b = sub.add_parser("bench", help="benchmarks against HF transformers and llama.cpp")
     bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
     d = bsub.add_parser("decode", help="regular decoding: ms/token, TTFT, tokens/s vs peers")
@@ -109,6 +113,9 @@ def main(argv=None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "plan":
+            from .plan import cmd_plan
+            return cmd_plan(args)
         if args.command == "bench" and args.bench == "decode":
             from ..bench.decode import run_decode_bench
             run_decode_bench(args)

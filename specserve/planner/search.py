@@ -75,6 +75,11 @@ def plan(policy: str, specs: dict[str, ModelSpec], cluster: Cluster, requests: l
          params: CostParams = CostParams(), beam: int = 1) -> PlanResult:
     t0 = time.perf_counter()
     n = cluster.num_devices
+    too_big = [m for m, spec in specs.items() if spec.memory_gb / n > cluster.device_memory_gb]
+    if too_big:
+        spec = specs[too_big[0]]
+        raise ValueError(f"model {too_big[0]} ({spec.memory_gb:g} GB) does not fit even split over all {n} devices "
+                         f"of {cluster.device_memory_gb:g} GB")
     if policy == "round-robin":
         groups = [GroupPlan([d], 1, 1) for d in range(n)]
         placed, d = True, 0

@@ -33,3 +33,24 @@ def test_unsupported_model_file_is_one_line(tmp_path):
     bad.write_bytes(b"not a gguf")
     r = run("generate", "x", "--model", str(bad))
     assert r.returncode == 2 and "bad.gguf" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_plan_prints_placement_and_writes_json(tmp_path):
+    import json
+    out = tmp_path / "plan.json"
+    r = run("plan", "--cluster", "1x2:16GB", "--models", "bert-6.7b:2", "--workload", "gamma:rate=3,cv=4",
+            "--duration", "300", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "alpaserve: SLO attainment" in r.stdout
+    j = json.loads(out.read_text())
+    assert {"policy", "groups", "slo_attainment", "latency_p50_s", "latency_p99_s", "planning_time_s"} <= set(j)
+    assert 0 <= j["slo_attainment"] <= 1 and all({"devices", "pp", "op", "models"} <= set(g) for g in j["groups"])
+
+
+@pytest.mark.parametrize("args,msg", [(["--models", "S9"], "unknown model or set"),
+                                      (["--cluster", "1x1:8GB", "--models", "bert-6.7b:1"], "does not fit"),
+                                      (["--workload", "trace:/no/such.csv"], "cannot read trace"),
+                                      (["--cluster", "lots"], "NODESxDEVICES:MEMORY")])
+def test_plan_bad_input_is_one_line(args, msg):
+    r = run("plan", *args)
+    assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
