@@ -55,8 +55,7 @@ class AttentionMetadata:
     def paged_fields(self):
         """(block_tables [B, max_blocks], q_starts [B], q_lens [B], kv_lens [B]) as int64 CPU tensors."""
         if self._paged is None:
-            nblk = max(len(t) for t in self.block_tables)
-            tables = torch.tensor([t + [0] * (nblk - len(t)) for t in self.block_tables], dtype=torch.long)
+            tables = _padded_tables(self.block_tables, max(len(t) for t in self.block_tables))
             ql = torch.tensor(self.q_lens, dtype=torch.long)
             self._paged = (tables, torch.cumsum(ql, 0) - ql, ql, torch.tensor(self.kv_lens, dtype=torch.long))
         return self._paged
@@ -69,10 +68,14 @@ class AttentionMetadata:
         return self._sdpa
 
 
+def _padded_tables(block_tables: list[list[int]], nblk: int) -> torch.Tensor:
+    """[B, nblk] block numbers, cut or padded with block 0 (masked out wherever it is read)."""
+    return torch.tensor([t[:nblk] + [0] * (nblk - len(t[:nblk])) for t in block_tables], dtype=torch.long)
+
+
 def _build_sdpa_fields(q_lens, kv_lens, block_tables, block_size):
     B, qmax, lmax = len(q_lens), max(q_lens), max(kv_lens)
-    nblk = -(-lmax // block_size)
-    tables = torch.tensor([t[:nblk] + [0] * (nblk - len(t[:nblk])) for t in block_tables], dtype=torch.long)
+    tables = _padded_tables(block_tables, -(-lmax // block_size))
     gather = (tables[:, :, None] * block_size + torch.arange(block_size)).reshape(B, -1)[:, :lmax].contiguous()
     kv, ql = torch.tensor(kv_lens), torch.tensor(q_lens)
     mask = None

@@ -51,7 +51,7 @@ def run_decode_bench(args) -> dict:
     wanted = set(args.peers.split(",")) if args.peers else set()
     prompts = humaneval_prompts(args.prompts)
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads)
-    if llm.engine.model_path.endswith(".gguf") is False and wanted & {"hf-fp32", "hf-bf16", "llama.cpp"}:
+    if not llm.engine.model_path.endswith(".gguf") and wanted & {"hf-fp32", "hf-bf16", "llama.cpp"}:
         print("peers load the same GGUF; with a non-GGUF model only the engine runs")
         wanted = set()
     ids = [llm.tokenizer.encode(p) for p in prompts]
@@ -95,8 +95,6 @@ def run_decode_bench(args) -> dict:
                 greedy_ids[system] = [r["output_ids"] for r in runs]
             results[system][b] = _median_runs(runs)
     bar.close()
-    if hf_fp32 is not None:
-        del hf_fp32
 
     bw = peers.memory_bandwidth_gbs(device=args.device)
     arch = llm.engine.arch

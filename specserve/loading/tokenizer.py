@@ -145,7 +145,6 @@ class IncrementalDetokenizer:
         self.skip = skip_special_tokens
         self.prefix_offset = 0  # window start
         self.read_offset = 0  # tokens whose text has been emitted
-        self.text = ""
 
     def step(self, ids: Sequence[int]) -> str:
         prefix = self.tokenizer.decode(ids[self.prefix_offset:self.read_offset], self.skip)
@@ -154,6 +153,5 @@ class IncrementalDetokenizer:
             delta = full[len(prefix):]
             self.prefix_offset = self.read_offset
             self.read_offset = len(ids)
-            self.text += delta
             return delta
         return ""

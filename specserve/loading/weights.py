@@ -14,7 +14,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .quants import BLOCK_LAYOUT, dequantize
+from .quants import dequantize
 
 
 @dataclass
@@ -61,11 +61,6 @@ class QuantizedWeight:
     def permute_rows(self, order: np.ndarray) -> "QuantizedWeight":
         # Blocks run along a row, so reordering output rows never splits a block.
         return QuantizedWeight(self.type_name, self.raw[order], self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        per_block, block_bytes = BLOCK_LAYOUT[self.type_name]
-        return self.shape[0] * self.shape[1] // per_block * block_bytes
 
 
 def as_dense(w, dtype: torch.dtype = torch.float32) -> torch.Tensor:

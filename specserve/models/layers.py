@@ -34,7 +34,6 @@ class Linear:
         else:
             self.dense = torch.cat([as_dense(w) for w in weights], 0).to(device=device, dtype=dtype)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
-        self.out_features = sum(w.shape[0] for w in weights)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
         if self.block is not None and x.shape[0] <= BLOCK_KERNEL_MAX_ROWS:
