@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -41,8 +41,56 @@ class SchedulerConfig:
     max_model_len: Optional[int] = None  # None: the model's context length
 
 
+SPEC_METHODS = ("draft", "lookup")
+SPEC_POLICIES = ("bass", "fixed", "threshold")
+SPEC_ATTENTION = ("split", "pad")
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding. LLM(speculative={...}) takes these fields as a dict."""
+
+    method: str = "draft"  # "draft": a draft model (EAGLE dir or any model with the target's tokenizer); "lookup": prompt lookup
+    draft_model: Optional[str] = None  # None: the draft shipped for the embedded model
+    draft_len: Union[str, int] = "auto"  # K: fixed k / BASS l0 / threshold limit; "auto": the policy's default
+    policy: str = "bass"  # "bass" (Algorithm 1), "fixed", "threshold"
+    attention: str = "split"  # ragged verify attention: "split" (per sequence) or "pad" (padded batch)
+    fallback: bool = True  # skip drafting on steps where the measured costs say it would not pay
+    lookup_max_ngram: int = 4
+
+    def __post_init__(self):
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"unknown speculative method {self.method!r} (choose from {', '.join(SPEC_METHODS)})")
+        if self.policy not in SPEC_POLICIES:
+            raise ValueError(f"unknown draft-length policy {self.policy!r} (choose from {', '.join(SPEC_POLICIES)})")
+        if self.attention not in SPEC_ATTENTION:
+            raise ValueError(f"unknown speculative attention {self.attention!r} (choose from {', '.join(SPEC_ATTENTION)})")
+        if self.draft_len != "auto":
+            k = self.draft_len
+            if isinstance(k, str) and k.strip().lstrip("-").isdigit():
+                k = int(k)
+            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+                raise ValueError(f"draft_len must be 'auto' or an integer >= 1, got {self.draft_len!r}")
+            self.draft_len = k
+
+    @classmethod
+    def from_any(cls, spec) -> Optional["SpeculativeConfig"]:
+        if spec is None or isinstance(spec, cls):
+            return spec
+        if isinstance(spec, str):
+            return cls(method=spec)
+        if isinstance(spec, dict):
+            unknown = set(spec) - {f for f in cls.__dataclass_fields__}
+            if unknown:
+                raise ValueError(f"unknown speculative option(s) {', '.join(sorted(unknown))} "
+                                 f"(known: {', '.join(cls.__dataclass_fields__)})")
+            return cls(**spec)
+        raise ValueError(f"speculative must be None, a method name or a dict, got {type(spec).__name__}")
+
+
 @dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    speculative: Optional[SpeculativeConfig] = None

@@ -85,6 +85,8 @@ class Request:
     first_token_time: Optional[float] = None
     finish_time: Optional[float] = None
     leader: Optional["Request"] = None  # for WAITING_FOR_FORK siblings
+    spec_drafted: list[int] = field(default_factory=list)  # draft tokens per verify step
+    spec_accepted: list[int] = field(default_factory=list)  # of which accepted
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -117,6 +119,8 @@ class CompletionOutput:
     logprobs: Optional[list[float]] = None
     time_to_first_token: Optional[float] = None  # seconds, from the request's arrival
     per_token_latency: Optional[float] = None  # seconds per output token after the first
+    accepted_per_step: Optional[list[int]] = None  # speculative decoding: drafts accepted at each verify step
+    drafted_per_step: Optional[list[int]] = None  # and drafts proposed
 
 
 @dataclass

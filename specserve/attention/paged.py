@@ -2,11 +2,13 @@
 
 Each sequence brings q_len new tokens (a prefill chunk, one decode token, or a span of tokens to
 verify) and attends causally to its kv_len cached tokens (the new ones included). The new K/V are
-written into their slots first. Then one of two paths:
-  * short spans on the fp32 CPU path (decode, verification): a C++ kernel reads keys and values
-    straight from the blocks, one work item per (sequence, head), with no gather and no padding;
-  * otherwise (prefill, bf16, CUDA): every sequence's keys are gathered into one padded [B, Lmax]
-    batch and a single SDPA call serves the whole batch, padding masked out.
+written into their slots first. Two ways to serve a ragged batch (BASS, Qian et al. 2024):
+  * SPLIT (mode "split", default): attention per sequence, no padding. On the fp32 CPU path with
+    short spans (decode, verification) a C++ kernel reads keys and values straight from the blocks,
+    one work item per (sequence, head); elsewhere one SDPA call per sequence.
+  * PAD (mode "pad"): every sequence's keys are gathered into one padded [B, Lmax] batch (queries
+    padded to the longest span) and a single SDPA call serves the whole batch, padding masked out.
+Prefill-sized spans always take the padded path (one big batched product beats per-sequence calls).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ class AttentionMetadata:
     block_size: int
     device: torch.device
     slot_mapping: torch.Tensor  # [T] flat KV slot of every new token
+    mode: str = "split"  # "split" | "pad": how a ragged batch of short spans is served
     _sdpa: Optional[tuple] = field(default=None, repr=False)
     _paged: Optional[tuple] = field(default=None, repr=False)
 
@@ -44,13 +47,19 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, q_lens: list[int], kv_lens: list[int], block_tables: list[list[int]], block_size: int,
-              device: torch.device) -> "AttentionMetadata":
+              device: torch.device, mode: str = "split") -> "AttentionMetadata":
         slots = []
         for q, k, table in zip(q_lens, kv_lens, block_tables):
             # New tokens sit at the end of each sequence: positions kv_len - q_len ... kv_len - 1.
             slots.extend(table[p // block_size] * block_size + p % block_size for p in range(k - q, k))
         slot_mapping = torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True)
-        return cls(list(q_lens), list(kv_lens), block_tables, block_size, device, slot_mapping)
+        return cls(list(q_lens), list(kv_lens), block_tables, block_size, device, slot_mapping, mode)
+
+    @property
+    def use_paged_kernel(self) -> bool:
+        """SPLIT with short spans on the fp32 CPU path: the C++ kernel (also used by the fused layer)."""
+        return self.mode == "split" and self.max_q_len <= PAGED_KERNEL_MAX_Q and self.device.type == "cpu" \
+            and kernels.available()
 
     def paged_fields(self):
         """(block_tables [B, max_blocks], q_starts [B], q_lens [B], kv_lens [B]) as int64 CPU tensors."""
@@ -103,11 +112,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     T, H, D = q.shape
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
-    if (meta.max_q_len <= PAGED_KERNEL_MAX_Q and q.dtype == torch.float32 and q.device.type == "cpu"
-            and D % 8 == 0 and kernels.available()):
+    if meta.use_paged_kernel and q.dtype == torch.float32 and D % 8 == 0:
         tables, q_starts, q_lens, kv_lens = meta.paged_fields()
         return kernels.ext().paged_attention(q.contiguous(), k_cache, v_cache, tables, q_starts, q_lens, kv_lens,
                                              meta.block_size, scale)
+    if meta.mode == "split" and meta.max_q_len <= PAGED_KERNEL_MAX_Q and meta.num_seqs > 1:
+        return _split_sdpa(q, k_cache, v_cache, meta, scale)
     gather, mask, pad_index, unpad_index = meta.sdpa_fields()
     B, qmax = meta.num_seqs, meta.max_q_len
     slots = gather.view(-1)
@@ -121,3 +131,22 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                                          enable_gqa=keys.shape[1] != H)  # [B, H, qmax, D]
     out = out.transpose(1, 2).reshape(B * qmax, H, D)
     return out if unpad_index is None else out[unpad_index]
+
+
+def _split_sdpa(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """SPLIT without the C++ kernel (bf16, CUDA): one SDPA call per sequence over its own keys."""
+    H = q.shape[1]
+    bs, out, start = meta.block_size, [], 0
+    for ql, kl, table in zip(meta.q_lens, meta.kv_lens, meta.block_tables):
+        blocks = torch.tensor(table[:-(-kl // bs)], dtype=torch.long, device=q.device)
+        slots = (blocks[:, None] * bs + torch.arange(bs, device=q.device)).reshape(-1)[:kl]
+        keys = k_cache.index_select(0, slots).transpose(0, 1)[None]  # [1, Hkv, kl, D]
+        values = v_cache.index_select(0, slots).transpose(0, 1)[None]
+        qs = q[start:start + ql].transpose(0, 1)[None]  # [1, H, ql, D]
+        mask = None
+        if ql > 1:  # query i sits at position kl - ql + i
+            mask = torch.arange(kl, device=q.device)[None, :] <= (kl - ql + torch.arange(ql, device=q.device))[:, None]
+        o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != H)
+        out.append(o[0].transpose(0, 1))
+        start += ql
+    return torch.cat(out)

@@ -1,4 +1,4 @@
-"""`specserve` command line: generate | bench. Flags map one to one onto LLM(...) and SamplingParams."""
+"""`specserve` command line: generate | plan | train-draft | bench. Flags map one to one onto LLM(...) and SamplingParams."""
 from __future__ import annotations
 
 import argparse
@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="place models on a cluster for SLO attainment (AlpaServe)")
     add_plan_args(pl)
 
+    from .train_draft import add_train_draft_args
+    t = sub.add_parser("train-draft", help="distil an EAGLE-style draft model from the target (offline data)")
+    add_train_draft_args(t)
+
     b = sub.add_parser("bench", help="benchmarks against HF transformers and llama.cpp")
     bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
     d = bsub.add_parser("decode", help="regular decoding: ms/token, TTFT, tokens/s vs peers")
@@ -116,6 +120,9 @@ def main(argv=None) -> int:
         if args.command == "plan":
             from .plan import cmd_plan
             return cmd_plan(args)
+        if args.command == "train-draft":
+            from .train_draft import cmd_train_draft
+            return cmd_train_draft(args)
         if args.command == "bench" and args.bench == "decode":
             from ..bench.decode import run_decode_bench
             run_decode_bench(args)

@@ -5,7 +5,7 @@ from typing import Callable, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
-from ..config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from ..config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from ..types import CompletionOutput, Request, RequestOutput, SamplingParams
 from .llm_engine import LLMEngine
 
@@ -20,18 +20,23 @@ class LLM:
     LLM()                                  the embedded SmolLM2-135M-Instruct (GGUF, Q4_1)
     LLM("model.gguf") / LLM("hf_dir/")     any supported Llama-family model
     dtype: "auto" (float32; on CPU with GGUF block kernels), "float32", "bfloat16", "float16" (CUDA)
+    speculative: None (regular decoding) or {"method": "draft" | "lookup", "draft_len": "auto" | K,
+        "policy": "bass" | "fixed" | "threshold", "attention": "split" | "pad", "draft_model": PATH}
+        (see SpeculativeConfig). The output is the same as without it: greedy token for token, sampling
+        in distribution.
     """
 
     def __init__(self, model: Optional[str] = None, dtype: str = "auto", device: str = "cpu",
                  block_kernels: bool = True, num_threads: Optional[int] = None, kv_cache_gib: float = 1.0,
                  block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-                 max_model_len: Optional[int] = None):
+                 max_model_len: Optional[int] = None, speculative: Union[dict, str, SpeculativeConfig, None] = None):
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, device=device, block_kernels=block_kernels,
                               num_threads=num_threads),
             cache=CacheConfig(block_size=block_size, kv_cache_gib=kv_cache_gib),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len),
+            speculative=SpeculativeConfig.from_any(speculative),
         )
         self.engine = LLMEngine(self.config)
         self.tokenizer = self.engine.tokenizer
@@ -83,5 +88,7 @@ class LLM:
                 index=r.sample_index, text=r.text, token_ids=list(r.output_token_ids),
                 finish_reason=r.finish_reason.value if r.finish_reason else None, stop_reason=r.stop_reason,
                 logprobs=list(r.output_logprobs) if r.params.logprobs else None,
-                time_to_first_token=ttft, per_token_latency=tpot))
+                time_to_first_token=ttft, per_token_latency=tpot,
+                accepted_per_step=list(r.spec_accepted) if r.spec_drafted else None,
+                drafted_per_step=list(r.spec_drafted) if r.spec_drafted else None))
         return RequestOutput(group[0].group_id, prompt, list(group[0].prompt_token_ids), outs)

@@ -7,7 +7,9 @@ from typing import Optional
 
 import torch
 
+from ..attention.paged import AttentionMetadata
 from ..config import EngineConfig
+from ..drafters import build_drafter, make_policy
 from ..kv.block_manager import BlockManager
 from ..kv.cache import KVCache
 from ..loading import IncrementalDetokenizer, load_model_files
@@ -16,6 +18,7 @@ from ..sampling.sampler import make_generator, sample
 from ..scheduler.scheduler import Scheduler
 from ..types import FinishReason, Request, RequestStatus, SamplingParams
 from .runner import ModelRunner
+from .speculative import SpeculativeDecoder
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -48,7 +51,14 @@ class LLMEngine:
                           self.arch.head_dim, self.dtype, self.device)
         self.scheduler = Scheduler(BlockManager(num_blocks, cc.block_size), config.scheduler.max_num_seqs,
                                    config.scheduler.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv, self.device)
+        spec = config.speculative
+        self.runner = ModelRunner(self.model, self.kv, self.device, attention=spec.attention if spec else "split")
+        self.spec: Optional[SpeculativeDecoder] = None
+        if spec is not None:
+            drafter = build_drafter(spec, self.model, self.tokenizer, self.model_path, num_blocks, cc.block_size)
+            self.spec = SpeculativeDecoder(drafter, make_policy(spec.policy, spec.draft_len), spec.fallback)
+            if spec.fallback:
+                self._calibrate()
         self._ids = itertools.count()
         self._generators: dict[str, torch.Generator] = {}
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -83,34 +93,120 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._siblings)
 
+    def _calibrate(self, context: int = 128, rows=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)) -> None:
+        """Time target passes over 1..64 rows once, so the speculation cost model starts from measured
+        numbers (it keeps measuring while serving)."""
+        bm, bs = self.scheduler.blocks, self.kv.block_size
+        rows = [n for n in rows if n <= self.config.scheduler.max_num_batched_tokens]
+        table: list[int] = []
+        if not bm.can_allocate(table, context + max(rows)):
+            return
+        bm.allocate(table, context + max(rows))
+        dev = self.device
+        try:
+            for n in [1] + rows:  # the first pass warms up
+                meta = AttentionMetadata.build([n], [context + n], [table], bs, dev, mode=self.runner.attention)
+                ids = torch.zeros(n, dtype=torch.long, device=dev)
+                pos = torch.arange(context, context + n, device=dev)
+                t0 = time.perf_counter()
+                logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, torch.arange(n, device=dev))
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                self.spec.costs.record_target(n, time.perf_counter() - t0)
+                del logits
+        finally:
+            bm.free(table)
+
     # --- one step -----------------------------------------------------------------------------
     def step(self) -> list[tuple[Request, str]]:
-        """Run one forward pass; returns (request, new text) for every request that got a token."""
+        """Run one forward pass; returns (request, new text) for every request that got tokens."""
+        spec = self.spec
+        if spec is not None:
+            spec.propose(self.scheduler.running)
         plan = self.scheduler.schedule()
+        if spec is not None:
+            for r in plan.preempted:
+                spec.release(r)
         if not plan.scheduled:
             return []
-        logits = self.runner.execute(plan.scheduled)  # [S, vocab]
+        want_hidden = spec is not None and spec.drafter.wants_hidden_states
+        t0 = time.perf_counter()
+        out = self.runner.execute(plan.scheduled, return_hidden=want_hidden)
+        logits, hidden = out if want_hidden else (out, None)  # [S, vocab], [T, hidden]
+        if spec is not None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            spec.record_target_pass(sum(s.num_new_tokens for s in plan.scheduled), time.perf_counter() - t0)
         now = time.perf_counter()
-        samplers = [s.request for s in plan.scheduled if s.samples]
-        for s in plan.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
 
+        # Split the logits rows: one per plain sampler, 1 + k per request verifying k drafts.
+        samplers, sampler_rows, verifiers, verifier_logits = [], [], [], []
+        row = 0
+        for s in plan.scheduled:
+            if s.samples:
+                k = len(s.request.draft_token_ids)
+                if k:
+                    verifiers.append(s.request)
+                    verifier_logits.append(logits[row:row + k + 1])
+                else:
+                    samplers.append(s.request)
+                    sampler_rows.append(row)
+                row += k + 1
+        accepted = {}
+        if verifiers:
+            counts = spec.verify(verifiers, verifier_logits, [self._generators[r.request_id] for r in verifiers])
+            accepted = {r.request_id: (a, toks) for r, a, toks in zip(verifiers, counts, spec.emitted)}
+
+        # KV bookkeeping: plain rows are all kept; a verify span keeps its last token + the accepted drafts.
+        offset = 0
+        for s in plan.scheduled:
+            r, start, n = s.request, s.request.num_computed_tokens, s.num_new_tokens
+            a = accepted.get(r.request_id, (None,))[0]
+            valid = n if a is None else 1 + a
+            r.num_computed_tokens = start + valid
+            if a is not None:
+                r.draft_token_ids = []
+                self.scheduler.blocks.truncate(r.block_table, r.num_computed_tokens)
+            if spec is not None:
+                spec.drafter.observe(r, start, None if hidden is None else hidden[offset:offset + valid], a or 0)
+            offset += n
+
+        plain_decoding = sum(1 for r in samplers if r.output_token_ids)  # decode steps, not prompt ends
+        results = self._sample_plain(samplers, sampler_rows, logits, now) if samplers else []
+        for r, rows in zip(verifiers, verifier_logits):
+            emitted = accepted[r.request_id][1]
+            lp = torch.log_softmax(rows.float(), -1)[torch.arange(len(emitted)), torch.tensor(emitted)].tolist() \
+                if r.params.logprobs else [None] * len(emitted)
+            delta = ""
+            for tok, tok_lp in zip(emitted, lp):
+                delta += self._append(r, tok, tok_lp, now)
+                if r.is_finished:
+                    break
+            results.append((r, delta))
+        if spec is not None:
+            spec.stats.decode_seq_steps += plain_decoding + len(verifiers)
+            spec.stats.decode_tokens += plain_decoding + sum(len(accepted[r.request_id][1]) for r in verifiers)
+        return results
+
+    def _sample_plain(self, samplers: list[Request], rows: list[int], logits: torch.Tensor, now: float):
         # Leaders finishing their prompt sample for all their siblings from the same logits row.
-        rows, row_reqs = [], []
-        for i, r in enumerate(samplers):
+        take, row_reqs = [], []
+        for i, r in zip(rows, samplers):
             group = [r] + (self._siblings.pop(r.request_id, []) if not r.output_token_ids else [])
-            rows.extend([i] * len(group))
+            take.extend([i] * len(group))
             row_reqs.extend(group)
         params = [r.params for r in row_reqs]
         gens = [self._generators[r.request_id] for r in row_reqs]
         want_lp = any(p.logprobs for p in params)
-        tokens, logprobs = sample(logits[rows] if len(rows) != len(samplers) else logits, params, gens, want_lp)
+        tokens, logprobs = sample(logits[take] if take != list(range(logits.shape[0])) else logits, params, gens, want_lp)
 
         # Fork before any token is appended: appending may finish the leader and free its blocks.
         copies = []
         for r in row_reqs:
             if r.status == RequestStatus.WAITING_FOR_FORK:
                 copies += self.scheduler.fork(r.leader, r)
+                if self.spec is not None:
+                    self.spec.drafter.fork(r.leader, r)
                 r.leader = None
         if copies:
             self.kv.copy_blocks(copies)
@@ -147,6 +243,8 @@ class LLMEngine:
             r.finish_reason = finish
             r.finish_time = now
             self.scheduler.finish(r)
+            if self.spec is not None:
+                self.spec.release(r)
             self._generators.pop(r.request_id, None)
             self._detok.pop(r.request_id, None)
         return delta

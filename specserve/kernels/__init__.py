@@ -94,6 +94,14 @@ class BlockWeight:
         else:
             raise ValueError(f"block kernels support {self.SUPPORTED}, not {type_name}")
 
+    def select_rows(self, ids: torch.Tensor) -> "BlockWeight":
+        """A BlockWeight of some rows only (a reduced-vocabulary head cut from a full one)."""
+        sub = object.__new__(BlockWeight)
+        sub.shape, sub.is_q4 = (len(ids), self.shape[1]), self.is_q4
+        sub.qs, sub.scales = self.qs[ids].contiguous(), self.scales[ids].contiguous()
+        sub.mins = self.mins[ids].contiguous() if self.is_q4 else self.mins
+        return sub
+
     def parts(self) -> list[torch.Tensor]:
         """[qs, scales, mins] as the fused decoder layer takes them."""
         return [self.qs, self.scales, self.mins]

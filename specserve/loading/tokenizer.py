@@ -109,6 +109,12 @@ class Tokenizer:
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         return cls(backend, eos_ids, bos_token_id, add_bos, template, special)
 
+    def fingerprint(self) -> str:
+        """SHA-256 of the vocabulary (token -> id): two tokenizers with the same fingerprint agree on ids."""
+        import hashlib
+        vocab = sorted(self.backend.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+        return hashlib.sha256("\n".join(f"{i}\t{t}" for t, i in vocab).encode()).hexdigest()
+
     # --- use ----------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids

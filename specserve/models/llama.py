@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
-from ..attention.paged import PAGED_KERNEL_MAX_Q, AttentionMetadata, paged_attention
+from ..attention.paged import AttentionMetadata, paged_attention
 from ..loading.weights import ModelArch, QuantizedWeight, as_dense
 from .layers import BLOCK_KERNEL_MAX_ROWS, Linear, Rotary, rms_norm, silu_mul
 
@@ -72,30 +72,33 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+                k_cache: torch.Tensor, v_cache: torch.Tensor, logits_indices: torch.Tensor,
+                return_hidden: bool = False):
         """token_ids, positions [T]; k_cache/v_cache [layers, slots, kv_heads, D]; logits_indices [S]
-        -> logits [S, vocab] float32."""
+        -> logits [S, vocab] float32; with return_hidden, also the last hidden state of every row before
+        the final norm [T, hidden] (what an EAGLE draft reads)."""
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         x = self.embed_rows(token_ids).to(self.dtype)  # [T, hidden] residual stream
         T = x.shape[0]
         cos, sin = self.rotary.tables(positions)  # [T, D] each
         delta = None  # the last sub-layer's output, added to x inside the next norm
-        if self.fused_layers is not None and T <= BLOCK_KERNEL_MAX_ROWS and meta.max_q_len <= PAGED_KERNEL_MAX_Q:
+        if self.fused_layers is not None and T <= BLOCK_KERNEL_MAX_ROWS and meta.use_paged_kernel:
             ext = kernels.ext()
             tables, q_starts, q_lens, kv_lens = meta.paged_fields()
             for li, (attn_norm, ffn_norm, qkv, qkv_bias, o, gate_up, down) in enumerate(self.fused_layers):
                 delta = ext.decoder_layer(x, delta, attn_norm, ffn_norm, self.eps, qkv, qkv_bias, o, gate_up, down,
                                           cos, sin, k_cache[li], v_cache[li], meta.slot_mapping, tables, q_starts,
                                           q_lens, kv_lens, meta.block_size, self.scale, H, Hkv, D)
-            return self._head(x + delta, logits_indices)
+            return self._head(x + delta, logits_indices, return_hidden)
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, self.eps, residual=delta)
             q, k, v = Rotary.apply(layer.qkv(h), cos, sin, H, Hkv, D)  # [T, heads, D]
             attn = paged_attention(q, k, v, k_cache[li], v_cache[li], meta, self.scale)
             h = rms_norm(x, layer.ffn_norm, self.eps, residual=layer.o(attn.reshape(T, H * D)))
             delta = layer.down(silu_mul(layer.gate_up(h)))  # [T, hidden]
-        return self._head(x + delta, logits_indices)
+        return self._head(x + delta, logits_indices, return_hidden)
 
-    def _head(self, x: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
-        x = rms_norm(x[logits_indices].contiguous(), self.norm, self.eps)  # [S, hidden]: only rows that sample
-        return self.lm_head(x).float()
+    def _head(self, x: torch.Tensor, logits_indices: torch.Tensor, return_hidden: bool):
+        h = rms_norm(x[logits_indices].contiguous(), self.norm, self.eps)  # [S, hidden]: only rows that sample
+        logits = self.lm_head(h).float()
+        return (logits, x) if return_hidden else logits

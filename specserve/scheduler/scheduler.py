@@ -2,7 +2,8 @@
 
 Running requests go first (a decode token, or the next prefill chunk), then waiting ones are
 admitted while the token budget, the sequence limit and free KV blocks allow. A prompt longer than
-the budget is prefilled in chunks. When blocks run out, the newest running request is preempted:
+the budget is prefilled in chunks. A request with draft tokens brings them too (1 + k tokens to
+verify); rolling rejected ones back is the engine moving num_computed_tokens back. When blocks run out, the newest running request is preempted:
 its blocks are freed and it is recomputed later (its generated tokens are kept). Plain Python.
 """
 from __future__ import annotations
@@ -21,9 +22,10 @@ class ScheduledRequest:
 
     @property
     def samples(self) -> bool:
-        """Whether this step reaches the request's last known token, so its logits pick the next one."""
+        """Whether this step reaches the request's last known token (and its drafts, if any), so its
+        logits pick the next token(s)."""
         r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens + len(r.draft_token_ids)
 
 
 @dataclass
@@ -54,7 +56,11 @@ class Scheduler:
         queue = list(self.running)
         while queue and budget > 0:
             req = queue.pop(0)
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            # Draft tokens are just more tokens to compute; a budget too small for all of them drops them.
+            n = req.num_tokens + len(req.draft_token_ids) - req.num_computed_tokens
+            if n > budget:
+                req.draft_token_ids = []
+                n = min(req.num_tokens - req.num_computed_tokens, budget)
             while not self.blocks.can_allocate(req.block_table, req.num_computed_tokens + n):
                 victim = queue.pop() if queue else None
                 if victim is None:  # nothing left to preempt but this request itself
@@ -91,6 +97,7 @@ class Scheduler:
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.blocks.free(req.block_table)
         req.num_computed_tokens = 0
+        req.draft_token_ids = []
         req.status = RequestStatus.WAITING
         if req in self.running:
             self.running.remove(req)

@@ -1,0 +1,33 @@
+"""`specserve train-draft`: one flag per DistillConfig field (training/distill.py)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ..training.distill import DistillConfig
+
+HELP = {
+    "out": "workspace: token files, checkpoint.pt (resumed when present), the draft in OUT/draft",
+    "model": "target model (default: the embedded SmolLM2-135M)",
+    "corpus_tokens": "stdlib tokens to use (0: all)",
+    "generate": "function prompts the target continues greedily, as self-distillation data",
+    "draft_vocab": "tokens in the draft's reduced LM head",
+    "device": "cpu or cuda[:N]",
+    "time_limit_s": "stop early after this many seconds, still writing the draft",
+}
+
+
+def add_train_draft_args(p: argparse.ArgumentParser) -> None:
+    for f in dataclasses.fields(DistillConfig):
+        kind = {"int": int, "float": float}.get(str(f.type), str)
+        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, help=HELP.get(f.name))
+
+
+def cmd_train_draft(args) -> int:
+    from ..training.distill import train_draft
+    cfg = DistillConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DistillConfig)})
+    for name in ("steps", "batch_size", "seq_len", "draft_vocab"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    train_draft(cfg)
+    return 0

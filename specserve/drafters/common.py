@@ -1,0 +1,81 @@
+"""What model-based drafters share: their own paged KV cache (one block table per request, rolled back
+by simply not counting rejected rows) and picking draft tokens from draft logits."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..attention.paged import AttentionMetadata
+from ..kv.block_manager import BlockManager
+from ..kv.cache import KVCache
+from ..sampling.sampler import make_generator, warp_logits
+from ..types import Request
+
+
+class DraftKV:
+    """The drafter's KV cache. `num_done[rid]` rows are valid; rows past it (speculative ones) are
+    overwritten by the next step, so rolling back is just not advancing `num_done`."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.blocks = BlockManager(num_blocks, block_size)
+        self.cache = KVCache(num_layers, num_blocks, block_size, num_kv_heads, head_dim, dtype, device)
+        self.tables: dict[str, list[int]] = {}
+        self.num_done: dict[str, int] = {}
+        self.device = device
+
+    def reserve(self, rid: str, num_tokens: int) -> bool:
+        """Make room for positions < num_tokens; False when the draft cache is full (no draft then)."""
+        table = self.tables.setdefault(rid, [])
+        self.num_done.setdefault(rid, 0)
+        if not self.blocks.can_allocate(table, num_tokens):
+            return False
+        self.blocks.allocate(table, num_tokens)
+        return True
+
+    def metadata(self, rids: list[str], q_lens: list[int], kv_lens: list[int], mode: str = "split") -> AttentionMetadata:
+        return AttentionMetadata.build(q_lens, kv_lens, [self.tables[r] for r in rids], self.blocks.block_size,
+                                       self.device, mode=mode)
+
+    def release(self, rid: str) -> None:
+        table = self.tables.pop(rid, None)
+        if table is not None:
+            self.blocks.free(table)
+        self.num_done.pop(rid, None)
+
+
+class DraftPicker:
+    """Draft tokens from draft logits: argmax for greedy requests; for sampled ones a draw from q (the
+    request's warping applied to the draft logits) with a per-request draft generator, so seeded runs
+    repeat. `vocab_ids` maps a reduced draft vocabulary back to target ids."""
+
+    def __init__(self, target_vocab: int, device: torch.device, vocab_ids: Optional[torch.Tensor] = None):
+        self.target_vocab, self.device, self.vocab_ids = target_vocab, device, vocab_ids
+        self.generators: dict[str, torch.Generator] = {}
+
+    def pick(self, requests: list[Request], logits: torch.Tensor):
+        """logits [B, V_draft] -> (token ids [B], q rows [B, V_target] or None per request, confidence [B])."""
+        probs = torch.softmax(logits.float(), dim=-1)
+        tokens, qs, conf = [], [], []
+        best = probs.argmax(-1).tolist()
+        for i, r in enumerate(requests):
+            if r.params.greedy:
+                tok, q, c = best[i], None, float(probs[i, best[i]])
+            else:
+                q_sub = warp_logits(logits[i:i + 1].float(), r.params)[0]
+                g = self.generators.get(r.request_id)
+                if g is None:
+                    g = self.generators[r.request_id] = make_generator(None if r.seed is None else r.seed + 7919, self.device)
+                cdf = q_sub.double().cumsum(-1)
+                tok = int(torch.searchsorted(cdf, torch.rand(1, generator=g, dtype=torch.float64, device=cdf.device) * cdf[-1],
+                                             right=True).clamp(max=len(q_sub) - 1))
+                c = float(q_sub[tok])
+                q = q_sub if self.vocab_ids is None else torch.zeros(self.target_vocab, device=q_sub.device).index_copy_(0, self.vocab_ids, q_sub)
+            tokens.append(tok if self.vocab_ids is None else int(self.vocab_ids[tok]))
+            qs.append(q)
+            conf.append(c)
+        return tokens, qs, conf
+
+    def release(self, rid: str) -> None:
+        self.generators.pop(rid, None)

@@ -1,0 +1,131 @@
+"""EAGLE drafting (Li et al. 2024): the draft network (models/eagle.py) reads the target's last hidden
+states, which the engine passes to `observe` after every target step.
+
+Alignment: draft row t takes (f_t, token at t + 1) and predicts f_{t+1}, whose logits give the token at
+t + 2. After a target step a request with N tokens has target features for positions < N - 1, so the
+draft first catches up on the features it has not consumed (ragged across the batch: the whole prompt
+after prefill, 1 + accepted rows after a verify step), which yields the first draft token; each further
+draft token is one single-row step fed with the draft's own predicted feature.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..models.eagle import EagleNet, EagleServing
+from ..models.layers import rms_norm
+from ..types import Request
+from .base import Draft, Drafter
+from .common import DraftKV, DraftPicker
+
+
+class EagleDrafter(Drafter):
+    wants_hidden_states = True
+
+    def __init__(self, net: EagleNet, target, num_blocks: int, block_size: int, attention: str = "split"):
+        """target: the serving LlamaModel (its embeddings, final norm, LM head rows and RoPE are shared)."""
+        cfg = net.cfg
+        dev = target.device
+        self.target = target
+        self.vocab_ids = torch.tensor(cfg.vocab_ids, dtype=torch.long, device=dev)
+        blocks = target.lm_head.block  # the target's head in GGML blocks (fp32 CPU path), else dense
+        self.net = EagleServing(net, dev, use_blocks=blocks is not None)
+        if blocks is not None:
+            self.head = blocks.select_rows(self.vocab_ids.cpu()).matmul  # [B, hidden] -> [B, V_draft]
+        else:
+            head = target.lm_head.dense.index_select(0, self.vocab_ids).float().contiguous()  # [V_draft, hidden]
+            self.head = lambda x: F.linear(x, head)
+        self.norm = target.norm.float()
+        self.kv = DraftKV(1, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, torch.float32, dev)
+        self.picker = DraftPicker(target.arch.vocab_size, dev, self.vocab_ids)
+        self.pending: dict[str, list[torch.Tensor]] = {}  # target features not yet fed to the draft
+        self.attention = attention
+
+    # --- target side ----------------------------------------------------------------------------
+    def observe(self, request: Request, start: int, hidden: Optional[torch.Tensor], num_accepted: int) -> None:
+        rid = request.request_id
+        if hidden is None:
+            return
+        expected = self.kv.num_done.get(rid, 0) + sum(len(h) for h in self.pending.get(rid, []))
+        if start != expected:  # recomputed from scratch (preemption), or out of step: start over
+            self.release(request)
+            if start != 0:
+                return
+        self.pending.setdefault(rid, []).append(hidden.float())
+
+    def release(self, request: Request) -> None:
+        self.kv.release(request.request_id)
+        self.pending.pop(request.request_id, None)
+        self.picker.release(request.request_id)
+
+    def fork(self, parent: Request, child: Request) -> None:
+        if self.kv.num_done.get(parent.request_id, 0) == 0 and parent.request_id in self.pending:
+            self.pending[child.request_id] = list(self.pending[parent.request_id])
+
+    # --- drafting -------------------------------------------------------------------------------
+    def _ready(self, r: Request) -> bool:
+        rid = r.request_id
+        have = self.kv.num_done.get(rid, 0) + sum(len(h) for h in self.pending.get(rid, []))
+        return have == r.num_tokens - 1 and rid in self.pending
+
+    @torch.inference_mode()
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> list[Draft]:
+        drafts = {r.request_id: Draft() for r in requests}
+        live = [r for r in requests if max_len > 0 and self._ready(r)
+                and self.kv.reserve(r.request_id, r.num_tokens - 1 + max_len)]
+        if not live:
+            return [drafts[r.request_id] for r in requests]
+        # Catch-up: every unconsumed target feature, with the token that follows it.
+        feats, toks, q_lens, kv_lens, positions = [], [], [], [], []
+        for r in live:
+            done = self.kv.num_done[r.request_id]
+            f = torch.cat(self.pending.pop(r.request_id))  # [m, hidden], positions done .. N - 2
+            m = len(f)
+            feats.append(f)
+            toks.extend(r.token_at(t + 1) for t in range(done, done + m))
+            positions.extend(range(done, done + m))
+            q_lens.append(m)
+            kv_lens.append(done + m)
+        pred = self._forward(live, torch.cat(feats), toks, positions, q_lens, kv_lens)
+        last = torch.cumsum(torch.tensor(q_lens, device=pred.device), 0) - 1  # each request's last row
+        f_hat = pred.index_select(0, last)  # [B, hidden]: predicted feature at position N - 1
+        for r, kl in zip(live, kv_lens):
+            self.kv.num_done[r.request_id] = kl  # real rows only; speculative rows below are not counted
+        cum = [1.0] * len(live)
+        active = list(range(len(live)))
+        for j in range(max_len):
+            reqs = [live[i] for i in active]
+            tokens, qs, conf = self.picker.pick(reqs, self._logits(f_hat))
+            still = []
+            for row, (i, tok, q, c) in enumerate(zip(active, tokens, qs, conf)):
+                d = drafts[live[i].request_id]
+                d.tokens.append(tok)
+                d.confidence.append(c)
+                if q is not None:
+                    d.probs = q[None] if d.probs is None else torch.cat([d.probs, q[None]])
+                cum[i] *= c
+                if min_confidence is None or cum[i] >= min_confidence:
+                    still.append(row)
+            if j == max_len - 1 or not still:
+                break
+            # One speculative row per request: (predicted feature, the token just drafted).
+            keep = torch.tensor(still, device=f_hat.device)
+            active = [active[s] for s in still]
+            reqs = [live[i] for i in active]
+            pos = [r.num_tokens - 1 + j for r in reqs]
+            f_hat = self._forward(reqs, f_hat.index_select(0, keep), [tokens[s] for s in still], pos,
+                                  [1] * len(reqs), [p + 1 for p in pos])
+        return [drafts[r.request_id] for r in requests]
+
+    def _forward(self, reqs, feats, tokens, positions, q_lens, kv_lens) -> torch.Tensor:
+        dev = feats.device
+        ids = torch.tensor(tokens, dtype=torch.long, device=dev)
+        embeds = self.target.embed_rows(ids).float()
+        meta = self.kv.metadata([r.request_id for r in reqs], q_lens, kv_lens, self.attention)
+        return self.net.forward(embeds, feats, torch.tensor(positions, dtype=torch.long, device=dev),
+                                self.target.rotary, meta, self.kv.cache.k[0], self.kv.cache.v[0])
+
+    def _logits(self, f: torch.Tensor) -> torch.Tensor:  # [B, hidden] -> [B, V_draft]
+        return self.head(rms_norm(f.contiguous(), self.norm, self.target.eps))

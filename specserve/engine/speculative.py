@@ -1,0 +1,225 @@
+"""Speculative decoding inside the step loop: draft before scheduling, verify after the target pass.
+
+Each step, for the requests that are decoding:
+  1. the draft-length policy says how long drafts may be; the cost model (measured target pass
+     times by number of rows, measured draft step times, measured acceptance) says whether drafting
+     pays at all this step, and if not the step is a plain decoding step (tried again later);
+  2. the drafter proposes; the tokens become `request.draft_token_ids`, which the scheduler simply
+     counts as more tokens to compute;
+  3. after the target pass, `verify` turns each request's 1 + k logits rows into accepted tokens plus
+     one more (modified rejection sampling, or prefix match for greedy), and the engine moves
+     `num_computed_tokens` to 1 + accepted, which rolls the rejected rows back.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ..drafters.base import Draft, Drafter
+from ..drafters.policies import DraftLengthPolicy
+from ..sampling.rejection import rejection_sample, verify_greedy
+from ..sampling.sampler import warp_logits
+from ..types import Request, RequestStatus
+
+
+@dataclass
+class SpecStats:
+    target_steps: int = 0
+    spec_steps: int = 0  # target steps that verified drafts
+    fallback_steps: int = 0  # decode steps where the cost model chose not to draft
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0  # verify spans that ended in a rejection (not all drafts accepted)
+    draft_seconds: float = 0.0
+    draft_steps: int = 0  # draft model passes (per batch)
+    target_seconds: float = 0.0
+    decode_tokens: int = 0  # tokens emitted by decode steps (spec or not)
+    decode_seq_steps: int = 0  # (sequence, decode step) pairs
+
+    @property
+    def alpha(self) -> Optional[float]:
+        """Per-token acceptance rate, the maximum-likelihood estimate under a geometric model."""
+        return self.accepted / (self.accepted + self.rejections) if self.accepted + self.rejections else None
+
+    @property
+    def acceptance_rate(self) -> Optional[float]:
+        return self.accepted / self.drafted if self.drafted else None
+
+    def as_dict(self) -> dict:
+        return {"target_steps": self.target_steps, "spec_steps": self.spec_steps, "fallback_steps": self.fallback_steps,
+                "drafted": self.drafted, "accepted": self.accepted, "alpha": self.alpha,
+                "acceptance_rate": self.acceptance_rate,
+                "tokens_per_target_step": self.decode_tokens / self.decode_seq_steps if self.decode_seq_steps else None,
+                "draft_seconds": round(self.draft_seconds, 4), "target_seconds": round(self.target_seconds, 4)}
+
+
+class CostModel:
+    """Seconds per target pass as a function of the number of rows (calibrated, then measured), seconds
+    per draft step by batch size (measured), and acceptance; predicts tokens per second of a step."""
+
+    def __init__(self, ema: float = 0.3):
+        self.target: dict[int, float] = {}
+        self.draft: dict[int, float] = {}
+        self.ema = ema
+        self.alpha_num, self.alpha_den = 0.0, 0.0  # decayed counts of accepted and (accepted + rejections)
+
+    def record_target(self, rows: int, seconds: float) -> None:
+        old = self.target.get(rows)
+        self.target[rows] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+
+    def record_draft(self, batch: int, seconds_per_step: float) -> None:
+        old = self.draft.get(batch)
+        self.draft[batch] = seconds_per_step if old is None else (1 - self.ema) * old + self.ema * seconds_per_step
+
+    def record_acceptance(self, accepted: int, rejections: int, decay: float = 0.9) -> None:
+        self.alpha_num = decay * self.alpha_num + accepted
+        self.alpha_den = decay * self.alpha_den + accepted + rejections
+
+    @property
+    def alpha(self) -> Optional[float]:
+        return self.alpha_num / self.alpha_den if self.alpha_den > 0 else None
+
+    @staticmethod
+    def _interp(table: dict[int, float], x: int) -> Optional[float]:
+        if not table:
+            return None
+        if x in table:
+            return table[x]
+        keys = sorted(table)
+        lo = [k for k in keys if k < x]
+        hi = [k for k in keys if k > x]
+        if lo and hi:
+            a, b = lo[-1], hi[0]
+            return table[a] + (table[b] - table[a]) * (x - a) / (b - a)
+        if len(keys) == 1:  # one point: scale with the rows above it (pessimistic), flat below
+            return table[keys[0]] * max(1.0, x / keys[0])
+        a, b = (keys[-2], keys[-1]) if lo else (keys[0], keys[1])
+        slope = (table[b] - table[a]) / (b - a)
+        return max(table[a] + slope * (x - a), 1e-6)
+
+    def tokens_per_second(self, batch: int, k: int) -> Optional[float]:
+        """Predicted emitted tokens per second of a step with drafts of length k (k = 0: plain decoding)."""
+        t_target = self._interp(self.target, batch * (k + 1))
+        if t_target is None:
+            return None
+        if k == 0:
+            return batch / t_target
+        alpha, t_draft = self.alpha, self._interp(self.draft, batch)
+        if alpha is None or t_draft is None:
+            return None
+        alpha = min(alpha, 0.999)
+        expected = (1 - alpha ** (k + 1)) / (1 - alpha)  # Leviathan et al.: tokens per step per sequence
+        return batch * expected / (t_target + k * t_draft)
+
+
+class SpeculativeDecoder:
+    def __init__(self, drafter: Drafter, policy: DraftLengthPolicy, fallback: bool = True, retry_every: int = 8):
+        self.drafter, self.policy, self.fallback = drafter, policy, fallback
+        self.costs = CostModel()
+        self.stats = SpecStats()
+        self.retry_every = retry_every  # after this many fallback steps in a row, draft anyway to re-measure
+        self._since_spec = 0
+        self._drafts: dict[str, Draft] = {}
+
+    # --- before scheduling ----------------------------------------------------------------------
+    def propose(self, running: list[Request]) -> None:
+        decoding = [r for r in running if r.status == RequestStatus.RUNNING and r.num_tokens - r.num_computed_tokens == 1]
+        if not decoding:
+            return
+        k = self.policy.draft_len()
+        if self.fallback and not self._pays(len(decoding), k):
+            self.stats.fallback_steps += 1
+            self._since_spec += 1
+            return
+        self._since_spec = 0
+        t0 = time.perf_counter()
+        drafts = self.drafter.propose(decoding, k, self.policy.min_confidence)
+        seconds = time.perf_counter() - t0
+        longest = max((len(d.tokens) for d in drafts), default=0)
+        if longest:
+            self.costs.record_draft(len(decoding), seconds / longest)
+            self.stats.draft_seconds += seconds
+            self.stats.draft_steps += longest
+        for r, d in zip(decoding, drafts):
+            if d.tokens:
+                r.draft_token_ids = list(d.tokens)
+                self._drafts[r.request_id] = d
+
+    def _pays(self, batch: int, k: int) -> bool:
+        spec, plain = self.costs.tokens_per_second(batch, k), self.costs.tokens_per_second(batch, 0)
+        if spec is None or plain is None or self._since_spec >= self.retry_every:
+            return True  # not measured yet, or time to re-measure
+        return spec > plain
+
+    # --- after the target pass ------------------------------------------------------------------
+    def verify(self, requests: list[Request], logits: list[torch.Tensor], generators: list) -> list[int]:
+        """requests with drafts; logits[i] [1 + k_i, vocab] for request i. Returns accepted counts and
+        leaves the tokens to emit in `self.emitted[i]` (accepted drafts + one)."""
+        self.emitted: list[list[int]] = [[] for _ in requests]
+        accepted = [0] * len(requests)
+        greedy = [i for i, r in enumerate(requests) if r.params.greedy]
+        sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
+        for group, is_greedy in ((greedy, True), (sampled, False)):
+            if not group:
+                continue
+            K = max(len(requests[i].draft_token_ids) for i in group)
+            V = logits[group[0]].shape[-1]
+            dev = logits[group[0]].device
+            num = torch.tensor([len(requests[i].draft_token_ids) for i in group], device=dev)
+            tokens = torch.zeros(len(group), K, dtype=torch.long, device=dev)
+            for row, i in enumerate(group):
+                ids = requests[i].draft_token_ids
+                tokens[row, :len(ids)] = torch.tensor(ids, device=dev)
+            if is_greedy:
+                padded = torch.full((len(group), K + 1, V), float("-inf"), device=dev)
+                for row, i in enumerate(group):
+                    padded[row, :len(logits[i])] = logits[i]
+                n_acc, nxt = verify_greedy(padded, tokens, num)
+            else:
+                p = torch.zeros(len(group), K + 1, V, device=dev)
+                draft_probs = [self._drafts[requests[i].request_id].probs for i in group]
+                if any(d is None for d in draft_probs) and not all(d is None for d in draft_probs):
+                    raise RuntimeError("a batch mixes drafts with and without draft probabilities")
+                q = None if draft_probs[0] is None else torch.zeros(len(group), K, V, device=dev)
+                for row, i in enumerate(group):
+                    p[row, :len(logits[i])] = warp_logits(logits[i], requests[i].params)
+                    if q is not None:
+                        q[row, :len(draft_probs[row])] = draft_probs[row]
+                n_acc, nxt = rejection_sample(p, q, tokens, num, [generators[i] for i in group])
+            for row, i in enumerate(group):
+                a = int(n_acc[row])
+                accepted[i] = a
+                self.emitted[i] = requests[i].draft_token_ids[:a] + [int(nxt[row])]
+        drafted = [len(r.draft_token_ids) for r in requests]
+        confidences = [self._drafts.pop(r.request_id).confidence for r in requests]
+        rejections = sum(a < n for a, n in zip(accepted, drafted))
+        self.policy.update(drafted, accepted, confidences)
+        self.costs.record_acceptance(sum(accepted), rejections)
+        s = self.stats
+        s.spec_steps += 1
+        s.drafted += sum(drafted)
+        s.accepted += sum(accepted)
+        s.rejections += rejections
+        for r, a, n in zip(requests, accepted, drafted):
+            r.spec_drafted.append(n)
+            r.spec_accepted.append(a)
+        return accepted
+
+    def record_target_pass(self, rows: int, seconds: float) -> None:
+        self.costs.record_target(rows, seconds)
+        self.stats.target_steps += 1
+        self.stats.target_seconds += seconds
+
+    def release(self, request: Request) -> None:
+        self._drafts.pop(request.request_id, None)
+        self.drafter.release(request)
+
+    @property
+    def c(self) -> Optional[float]:
+        """Draft step time / target step time at batch 1 (Leviathan's c), from the measurements."""
+        t_draft = self.costs._interp(self.costs.draft, 1)
+        t_target = self.costs._interp(self.costs.target, 1)
+        return t_draft / t_target if t_draft and t_target else None

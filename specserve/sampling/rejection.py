@@ -1,0 +1,83 @@
+"""Verification of draft tokens: modified rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+For each sequence with drafts x_1..x_k ~ q and target distributions p_1..p_{k+1} (both warped by the
+request's temperature / top-k / top-p): accept x_i with probability min(1, p_i(x_i) / q_i(x_i)); at the
+first rejection draw from norm(max(0, p_i - q_i)) and stop; if all k are accepted draw a bonus token
+from p_{k+1}. The emitted tokens are distributed exactly as sampling from p one token at a time.
+A deterministic draft (prompt lookup) is q = one-hot. Greedy is the longest prefix where the draft
+equals the target's argmax, plus the target's own next token.
+
+Everything is vectorised over the batch and the draft positions; each sequence still draws its
+uniforms from its own generator (k uniforms, then one draw), so a seed reproduces its output
+whatever else shares the batch.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, num_drafts: torch.Tensor):
+    """target_logits [B, K + 1, V]; draft_tokens [B, K] (padding past num_drafts[b] is ignored)
+    -> (num_accepted [B], next_token [B]) as int64 tensors."""
+    B, K1, _ = target_logits.shape
+    best = target_logits.argmax(-1)  # [B, K + 1]
+    num_accepted = _prefix_len(best[:, :K1 - 1] == draft_tokens, num_drafts)
+    return num_accepted, best.gather(1, num_accepted[:, None]).squeeze(1)
+
+
+def _prefix_len(ok: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
+    """ok [B, K] bool -> length of the all-True prefix, capped at num_drafts [B]."""
+    K = ok.shape[1]
+    ok = ok & (torch.arange(K, device=ok.device)[None, :] < num_drafts[:, None])
+    return ok.long().cumprod(dim=1).sum(dim=1)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)) row-wise, [B, V]. Where p <= q everywhere (possible only up to rounding),
+    fall back to p."""
+    r = (p - q).clamp_(min=0)
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 1e-12, r / mass.clamp(min=1e-30), p)
+
+
+def draw_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of normalised probs [B, V] by inverting the CDF at uniforms [B] in [0, 1)."""
+    cdf = probs.double().cumsum(-1)
+    idx = torch.searchsorted(cdf, uniforms.double().reshape(-1, 1).contiguous(), right=True).squeeze(1)
+    return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def rejection_sample(target_probs: torch.Tensor, draft_probs: Optional[torch.Tensor], draft_tokens: torch.Tensor,
+                     num_drafts: torch.Tensor, generators):
+    """target_probs [B, K + 1, V]; draft_probs [B, K, V] or None for deterministic drafts;
+    draft_tokens [B, K] int64; num_drafts [B]; generators: one per sequence, or a single generator
+    for the whole batch (tests) -> (num_accepted [B], next_token [B])."""
+    B, K1, V = target_probs.shape
+    K = K1 - 1
+    dev = target_probs.device
+    # Per-sequence randomness, in a fixed order: K acceptance uniforms, then one for the final draw.
+    if isinstance(generators, (list, tuple)):
+        u = torch.stack([torch.rand(K + 1, generator=g, device=dev, dtype=torch.float64) for g in generators])  # [B, K+1]
+    else:
+        u = torch.rand((B, K + 1), generator=generators, device=dev, dtype=torch.float64)
+    rows = torch.arange(B, device=dev)
+    if K:
+        p_x = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # [B, K]
+        q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).double()
+        accept = u[:, :K] * q_x < p_x  # u < p / q, with q(x) > 0 for a drafted x
+        num_accepted = _prefix_len(accept, num_drafts)
+    else:
+        num_accepted = torch.zeros(B, dtype=torch.long, device=dev)
+    p_next = target_probs[rows, num_accepted]  # [B, V]
+    rejected = num_accepted < num_drafts  # else every draft was accepted: bonus token from p
+    if bool(rejected.any()):
+        at = num_accepted.clamp(max=max(K - 1, 0))
+        if draft_probs is None:
+            q_next = torch.zeros_like(p_next)
+            q_next[rows, draft_tokens[rows, at]] = 1.0
+        else:
+            q_next = draft_probs[rows, at]
+        p_next = torch.where(rejected[:, None], residual_distribution(p_next, q_next), p_next)
+    return num_accepted, draw_rows(p_next, u[:, K])
