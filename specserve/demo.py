@@ -1,4 +1,5 @@
-"""`make run`: the embedded model answering a chat question and completing code, with timings."""
+"""`make run`: the embedded model answering a chat question, completing code, and decoding the same
+prompt with and without speculative decoding (same tokens, both timings, acceptance)."""
 from __future__ import annotations
 
 import sys
@@ -33,6 +34,26 @@ def main() -> None:
         print(f"--- sample {o.index} ({o.finish_reason}) ---\n{prompt}{o.text}")
     n = sum(len(o.token_ids) for o in outs.outputs)
     print(f"\n[{n} tokens in {wall:.2f} s = {n / wall:.0f} tokens/s]")
+
+    spec = LLM(speculative={"method": "draft"})  # the EAGLE draft shipped for this model, BASS policy
+    prompt = 'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n'
+    params = SamplingParams(temperature=0, max_tokens=128)
+    print(f"\n>>> the same prompt, regular vs speculative decoding (greedy, {params.max_tokens} tokens max)")
+    for name, engine in (("regular", llm), ("speculative", spec)):
+        engine.generate(prompt, SamplingParams(temperature=0, max_tokens=4))  # warm-up
+        t0 = time.perf_counter()
+        o = engine.generate(prompt, params)[0].outputs[0]
+        wall = time.perf_counter() - t0
+        extra = ""
+        if o.accepted_per_step:
+            acc, dr = sum(o.accepted_per_step), sum(o.drafted_per_step)
+            extra = f", {acc}/{dr} drafts accepted over {len(o.accepted_per_step)} verify steps"
+        print(f"[{name:11s}] {len(o.token_ids)} tokens in {wall:.2f} s = {len(o.token_ids) / wall:.0f} tokens/s{extra}")
+        if name == "regular":
+            regular = o.token_ids
+        else:
+            print(f"same tokens as regular decoding: {o.token_ids == regular}")
+    print(prompt + o.text)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,25 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: all cores)")
 
 
+def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
+    """Flags of SpeculativeConfig (config.py), one to one."""
+    p.add_argument("--speculative", choices=["draft", "lookup", "none"], default=default,
+                   help="speculative decoding: a draft model (default: the shipped EAGLE draft), prompt lookup, or none")
+    p.add_argument("--draft-model", type=_model_path, default=None, help="an EAGLE draft dir or a model with the target's tokenizer")
+    p.add_argument("--draft-len", default="auto", help="auto, or K: fixed k / BASS l0 / threshold limit")
+    p.add_argument("--policy", choices=["bass", "fixed", "threshold"], default="bass", help="draft-length policy")
+    p.add_argument("--attention", choices=["split", "pad"], default="split", help="ragged verification attention")
+
+
+def spec_from_args(args):
+    if args.speculative == "none":
+        return None
+    spec = {"method": args.speculative, "draft_len": args.draft_len, "policy": args.policy, "attention": args.attention}
+    if args.draft_model:
+        spec["draft_model"] = args.draft_model
+    return spec
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="specserve", description="Fast, lossless LLM inference.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -55,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=-1)
     g.add_argument("--seed", type=int, default=None)
     add_model_args(g)
+    add_spec_args(g)
 
     from .plan import add_plan_args
     pl = sub.add_parser("plan", help="place models on a cluster for SLO attainment (AlpaServe)")
@@ -73,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--peers", default="hf-fp32,hf-bf16,llama.cpp", help="comma list; missing ones are skipped")
     d.add_argument("--out", default="bench/results")
     add_model_args(d)
+
+    sp = bsub.add_parser("spec", help="speculative vs regular decoding: the BASS tables, ablations, Pass@1, peers")
+    sp.add_argument("--batch-sizes", default="1,2,4,8,16")
+    sp.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (T=0.2, top-p 0.95)")
+    sp.add_argument("--sequences", type=_positive_int, default=8, help="sequences per batch size (batches of that size)")
+    sp.add_argument("--max-tokens", type=_positive_int, default=128)
+    sp.add_argument("--ablation-batch", type=_positive_int, default=4)
+    sp.add_argument("--pass-at-1", action=argparse.BooleanOptionalAction, default=True, help="all 164 problems, RD and spec")
+    sp.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="HF transformers, llama.cpp")
+    sp.add_argument("--peer-prompts", type=_positive_int, default=3)
+    sp.add_argument("--out", default="bench/results")
+    add_model_args(sp)
+    add_spec_args(sp, default="draft")
     return p
 
 
@@ -82,7 +115,8 @@ def cmd_generate(args) -> int:
 
     params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed)
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads)
+    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+              speculative=spec_from_args(args))
     pieces: dict[int, list[str]] = {}
 
     def on_text(_, sample, delta, finished):
@@ -109,6 +143,12 @@ def cmd_generate(args) -> int:
     tpot = f"{m['per_token_latency'] * 1e3:.1f} ms/token" if m["per_token_latency"] is not None else "-"
     print(f"[{n_tokens} tokens in {wall:.2f} s: time to first token {ttft}, decode {tpot}, "
           f"{n_tokens / wall:.1f} tokens/s; model loaded in {llm.engine.load_time:.1f} s]", file=sys.stderr)
+    if llm.engine.spec is not None:
+        st = llm.engine.spec.stats.as_dict()
+        rate = "-" if st["acceptance_rate"] is None else f"{st['acceptance_rate']:.2f}"
+        per_step = "-" if st["tokens_per_target_step"] is None else f"{st['tokens_per_target_step']:.2f}"
+        print(f"[speculative {args.speculative}: {st['accepted']}/{st['drafted']} drafts accepted ({rate}), "
+              f"{per_step} tokens per target step, {st['fallback_steps']} plain steps]", file=sys.stderr)
     return 0
 
 
@@ -123,6 +163,12 @@ def main(argv=None) -> int:
         if args.command == "train-draft":
             from .train_draft import cmd_train_draft
             return cmd_train_draft(args)
+        if args.command == "bench" and args.bench == "spec":
+            from ..bench.spec import run_spec_bench
+            if args.speculative == "none":
+                raise ValueError("bench spec compares speculative decoding with regular decoding; pick --speculative draft|lookup")
+            run_spec_bench(args)
+            return 0
         if args.command == "bench" and args.bench == "decode":
             from ..bench.decode import run_decode_bench
             run_decode_bench(args)

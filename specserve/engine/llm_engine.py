@@ -56,7 +56,7 @@ class LLMEngine:
         self.spec: Optional[SpeculativeDecoder] = None
         if spec is not None:
             drafter = build_drafter(spec, self.model, self.tokenizer, self.model_path, num_blocks, cc.block_size)
-            self.spec = SpeculativeDecoder(drafter, make_policy(spec.policy, spec.draft_len), spec.fallback)
+            self.spec = SpeculativeDecoder(drafter, lambda: make_policy(spec.policy, spec.draft_len), spec.fallback)
             if spec.fallback:
                 self._calibrate()
         self._ids = itertools.count()
@@ -112,7 +112,7 @@ class LLMEngine:
                 logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, torch.arange(n, device=dev))
                 if dev.type == "cuda":
                     torch.cuda.synchronize()
-                self.spec.costs.record_target(n, time.perf_counter() - t0)
+                self.spec.costs.record_calibration(n, time.perf_counter() - t0)
                 del logits
         finally:
             bm.free(table)
@@ -123,6 +123,7 @@ class LLMEngine:
         spec = self.spec
         if spec is not None:
             spec.propose(self.scheduler.running)
+        t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         if spec is not None:
             for r in plan.preempted:
@@ -130,13 +131,10 @@ class LLMEngine:
         if not plan.scheduled:
             return []
         want_hidden = spec is not None and spec.drafter.wants_hidden_states
-        t0 = time.perf_counter()
         out = self.runner.execute(plan.scheduled, return_hidden=want_hidden)
         logits, hidden = out if want_hidden else (out, None)  # [S, vocab], [T, hidden]
-        if spec is not None:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-            spec.record_target_pass(sum(s.num_new_tokens for s in plan.scheduled), time.perf_counter() - t0)
+        if spec is not None and self.device.type == "cuda":
+            torch.cuda.synchronize()
         now = time.perf_counter()
 
         # Split the logits rows: one per plain sampler, 1 + k per request verifying k drafts.
@@ -184,6 +182,7 @@ class LLMEngine:
                     break
             results.append((r, delta))
         if spec is not None:
+            spec.record_step(sum(s.num_new_tokens for s in plan.scheduled), time.perf_counter() - t0, now - t0)
             spec.stats.decode_seq_steps += plain_decoding + len(verifiers)
             spec.stats.decode_tokens += plain_decoding + sum(len(accepted[r.request_id][1]) for r in verifiers)
         return results

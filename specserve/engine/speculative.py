@@ -2,8 +2,9 @@
 
 Each step, for the requests that are decoding:
   1. the draft-length policy says how long drafts may be; the cost model (measured target pass
-     times by number of rows, measured draft step times, measured acceptance) says whether drafting
-     pays at all this step, and if not the step is a plain decoding step (tried again later);
+     times by number of rows, measured draft step times, measured acceptance) picks the length up to
+     that which it predicts to give the most tokens per second, and when that is 0 (drafting would
+     cost more than it yields) the step is a plain decoding step (tried again later);
   2. the drafter proposes; the tokens become `request.draft_token_ids`, which the scheduler simply
      counts as more tokens to compute;
   3. after the target pass, `verify` turns each request's 1 + k logits rows into accepted tokens plus
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -57,11 +58,14 @@ class SpecStats:
 
 
 class CostModel:
-    """Seconds per target pass as a function of the number of rows (calibrated, then measured), seconds
-    per draft step by batch size (measured), and acceptance; predicts tokens per second of a step."""
+    """Seconds per step as a function of the number of target rows (the whole step after drafting:
+    target pass, verification, bookkeeping; measured while serving, seeded by a calibration of bare
+    target passes plus the measured difference), seconds per draft step by batch size, and acceptance.
+    Predicts the tokens per second of a step with a given draft length."""
 
     def __init__(self, ema: float = 0.3):
-        self.target: dict[int, float] = {}
+        self.target: dict[int, float] = {}  # measured whole-step seconds by rows
+        self.calibrated: dict[int, float] = {}  # bare target pass seconds by rows
         self.draft: dict[int, float] = {}
         self.ema = ema
         self.alpha_num, self.alpha_den = 0.0, 0.0  # decayed counts of accepted and (accepted + rejections)
@@ -69,6 +73,16 @@ class CostModel:
     def record_target(self, rows: int, seconds: float) -> None:
         old = self.target.get(rows)
         self.target[rows] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+
+    def record_calibration(self, rows: int, seconds: float) -> None:
+        self.calibrated[rows] = seconds
+
+    def step_seconds(self, rows: int) -> Optional[float]:
+        if rows in self.target or not self.calibrated:
+            return self._interp(self.target, rows)
+        # Unmeasured: the bare pass plus what steps measured so far cost beyond their bare pass.
+        extra = [self.target[r] - self.calibrated[r] for r in self.target if r in self.calibrated]
+        return self._interp(self.calibrated, rows) + (sum(extra) / len(extra) if extra else 0.0)
 
     def record_draft(self, batch: int, seconds_per_step: float) -> None:
         old = self.draft.get(batch)
@@ -102,7 +116,7 @@ class CostModel:
 
     def tokens_per_second(self, batch: int, k: int) -> Optional[float]:
         """Predicted emitted tokens per second of a step with drafts of length k (k = 0: plain decoding)."""
-        t_target = self._interp(self.target, batch * (k + 1))
+        t_target = self.step_seconds(batch * (k + 1))
         if t_target is None:
             return None
         if k == 0:
@@ -116,43 +130,67 @@ class CostModel:
 
 
 class SpeculativeDecoder:
-    def __init__(self, drafter: Drafter, policy: DraftLengthPolicy, fallback: bool = True, retry_every: int = 8):
-        self.drafter, self.policy, self.fallback = drafter, policy, fallback
+    def __init__(self, drafter: Drafter, make_policy: Callable[[], DraftLengthPolicy], fallback: bool = True,
+                 retry_every: int = 8):
+        self.drafter, self.make_policy, self.fallback = drafter, make_policy, fallback
+        self.policy = make_policy()  # shared by the batch, as BASS adapts one length for all
+        # A seeded sampled request gets a policy of its own and no timing-based fallback: its draft
+        # lengths, and so its random draws, then depend on nothing but its own tokens, and the seed
+        # reproduces the output whatever the batch and the machine's timings.
+        self.own_policies: dict[str, DraftLengthPolicy] = {}
         self.costs = CostModel()
         self.stats = SpecStats()
         self.retry_every = retry_every  # after this many fallback steps in a row, draft anyway to re-measure
         self._since_spec = 0
         self._drafts: dict[str, Draft] = {}
 
+    @staticmethod
+    def _seeded(r: Request) -> bool:
+        return r.seed is not None and not r.params.greedy
+
     # --- before scheduling ----------------------------------------------------------------------
     def propose(self, running: list[Request]) -> None:
         decoding = [r for r in running if r.status == RequestStatus.RUNNING and r.num_tokens - r.num_computed_tokens == 1]
-        if not decoding:
+        shared = [r for r in decoding if not self._seeded(r)]
+        for r in decoding:
+            if self._seeded(r):
+                policy = self.own_policies.setdefault(r.request_id, self.make_policy())
+                self._draft([r], policy.draft_len(), policy.min_confidence)
+        if not shared:
             return
         k = self.policy.draft_len()
-        if self.fallback and not self._pays(len(decoding), k):
-            self.stats.fallback_steps += 1
-            self._since_spec += 1
-            return
+        if self.fallback:
+            k = self._best_len(len(shared), k)
+            if k == 0:
+                self.stats.fallback_steps += 1
+                self._since_spec += 1
+                return
         self._since_spec = 0
+        self._draft(shared, k, self.policy.min_confidence)
+
+    def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float]) -> None:
         t0 = time.perf_counter()
-        drafts = self.drafter.propose(decoding, k, self.policy.min_confidence)
+        drafts = self.drafter.propose(requests, k, min_confidence)
         seconds = time.perf_counter() - t0
         longest = max((len(d.tokens) for d in drafts), default=0)
         if longest:
-            self.costs.record_draft(len(decoding), seconds / longest)
+            self.costs.record_draft(len(requests), seconds / longest)
             self.stats.draft_seconds += seconds
             self.stats.draft_steps += longest
-        for r, d in zip(decoding, drafts):
+        for r, d in zip(requests, drafts):
             if d.tokens:
                 r.draft_token_ids = list(d.tokens)
                 self._drafts[r.request_id] = d
 
-    def _pays(self, batch: int, k: int) -> bool:
-        spec, plain = self.costs.tokens_per_second(batch, k), self.costs.tokens_per_second(batch, 0)
-        if spec is None or plain is None or self._since_spec >= self.retry_every:
-            return True  # not measured yet, or time to re-measure
-        return spec > plain
+    def _best_len(self, batch: int, k: int) -> int:
+        """The draft length <= k with the best predicted tokens per second; 0 means plain decoding.
+        Unmeasured, or after `retry_every` plain steps in a row, it drafts k to (re)measure."""
+        if self._since_spec >= self.retry_every:
+            return k
+        rates = [self.costs.tokens_per_second(batch, j) for j in range(k + 1)]
+        if any(r is None for r in rates):
+            return k
+        return max(range(k + 1), key=lambda j: (rates[j], -j))
 
     # --- after the target pass ------------------------------------------------------------------
     def verify(self, requests: list[Request], logits: list[torch.Tensor], generators: list) -> list[int]:
@@ -196,7 +234,12 @@ class SpeculativeDecoder:
         drafted = [len(r.draft_token_ids) for r in requests]
         confidences = [self._drafts.pop(r.request_id).confidence for r in requests]
         rejections = sum(a < n for a, n in zip(accepted, drafted))
-        self.policy.update(drafted, accepted, confidences)
+        shared = [i for i, r in enumerate(requests) if not self._seeded(r)]
+        if shared:
+            self.policy.update([drafted[i] for i in shared], [accepted[i] for i in shared], [confidences[i] for i in shared])
+        for i, r in enumerate(requests):
+            if self._seeded(r):
+                self.own_policies[r.request_id].update([drafted[i]], [accepted[i]], [confidences[i]])
         self.costs.record_acceptance(sum(accepted), rejections)
         s = self.stats
         s.spec_steps += 1
@@ -208,18 +251,20 @@ class SpeculativeDecoder:
             r.spec_accepted.append(a)
         return accepted
 
-    def record_target_pass(self, rows: int, seconds: float) -> None:
+    def record_step(self, rows: int, seconds: float, target_seconds: float) -> None:
+        """A step's target rows, its seconds after drafting, and the target pass's share of them."""
         self.costs.record_target(rows, seconds)
         self.stats.target_steps += 1
-        self.stats.target_seconds += seconds
+        self.stats.target_seconds += target_seconds
 
     def release(self, request: Request) -> None:
         self._drafts.pop(request.request_id, None)
+        self.own_policies.pop(request.request_id, None)
         self.drafter.release(request)
 
     @property
     def c(self) -> Optional[float]:
         """Draft step time / target step time at batch 1 (Leviathan's c), from the measurements."""
         t_draft = self.costs._interp(self.costs.draft, 1)
-        t_target = self.costs._interp(self.costs.target, 1)
+        t_target = self.costs.step_seconds(1)
         return t_draft / t_target if t_draft and t_target else None

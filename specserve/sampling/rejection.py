@@ -8,8 +8,8 @@ A deterministic draft (prompt lookup) is q = one-hot. Greedy is the longest pref
 equals the target's argmax, plus the target's own next token.
 
 Everything is vectorised over the batch and the draft positions; each sequence still draws its
-uniforms from its own generator (k uniforms, then one draw), so a seed reproduces its output
-whatever else shares the batch.
+uniforms from its own generator (its k uniforms, then one for the draw), so a seed reproduces its
+output whatever else shares the batch.
 """
 from __future__ import annotations
 
@@ -57,11 +57,18 @@ def rejection_sample(target_probs: torch.Tensor, draft_probs: Optional[torch.Ten
     B, K1, V = target_probs.shape
     K = K1 - 1
     dev = target_probs.device
-    # Per-sequence randomness, in a fixed order: K acceptance uniforms, then one for the final draw.
+    # Per-sequence randomness: k_b acceptance uniforms, then one for the final draw, from the sequence's
+    # own generator; how many it draws depends on its own draft only, not on the batch's longest.
     if isinstance(generators, (list, tuple)):
-        u = torch.stack([torch.rand(K + 1, generator=g, device=dev, dtype=torch.float64) for g in generators])  # [B, K+1]
+        u = torch.zeros(B, K1, dtype=torch.float64, device=dev)
+        u_final = torch.empty(B, dtype=torch.float64, device=dev)
+        for b, (g, k) in enumerate(zip(generators, num_drafts.tolist())):
+            draws = torch.rand(k + 1, generator=g, device=dev, dtype=torch.float64)
+            u[b, :k] = draws[:k]
+            u_final[b] = draws[k]
     else:
-        u = torch.rand((B, K + 1), generator=generators, device=dev, dtype=torch.float64)
+        u = torch.rand((B, K1), generator=generators, device=dev, dtype=torch.float64)
+        u_final = u[:, K]
     rows = torch.arange(B, device=dev)
     if K:
         p_x = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1).double()  # [B, K]
@@ -80,4 +87,4 @@ def rejection_sample(target_probs: torch.Tensor, draft_probs: Optional[torch.Ten
         else:
             q_next = draft_probs[rows, at]
         p_next = torch.where(rejected[:, None], residual_distribution(p_next, q_next), p_next)
-    return num_accepted, draw_rows(p_next, u[:, K])
+    return num_accepted, draw_rows(p_next, u_final)

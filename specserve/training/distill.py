@@ -42,6 +42,7 @@ class DistillConfig:
     gen_tokens: int = 128
     draft_vocab: int = 8192  # size of the draft's reduced LM head (most frequent tokens of the data)
     init_layer: int = -1  # target layer the draft's decoder layer starts from (-1: the last)
+    init_from: Optional[str] = None  # continue from an existing draft directory (its vocabulary is kept)
     seq_len: int = 512
     batch_size: int = 16
     steps: int = 2000
@@ -146,14 +147,18 @@ def train_draft(cfg: DistillConfig, log=print) -> dict:
                     (gen_start, train_hi, cfg.gen_weight)]
     if train_hi < cfg.seq_len + 2:
         raise ValueError(f"only {len(data)} tokens of data; need more than {cfg.seq_len * 5}")
-    vocab = _draft_vocab(data[:train_hi], arch.vocab_size, cfg.draft_vocab, tokenizer.eos_token_ids)
+    if cfg.init_from:
+        net = EagleNet.load(cfg.init_from)
+        vocab = net.cfg.vocab_ids
+    else:
+        vocab = _draft_vocab(data[:train_hi], arch.vocab_size, cfg.draft_vocab, tokenizer.eos_token_ids)
+        net = EagleNet(EagleConfig.for_target(arch, vocab, tokenizer.fingerprint()))
+        layer = cfg.init_layer % arch.num_hidden_layers
+        net.init_from_target_layer({k: v for k, v in weights.items() if k.startswith(f"layers.{layer}.")}, layer)
+    net = net.to(device)
     coverage = float(np.isin(data[eval_lo:], vocab).mean())
     log(f"draft vocabulary: {len(vocab)} tokens, covering {coverage:.1%} of held-out tokens")
-
     target = DenseTarget(arch, weights, device)
-    net = EagleNet(EagleConfig.for_target(arch, vocab, tokenizer.fingerprint())).to(device)
-    net.init_from_target_layer({k: v for k, v in weights.items() if k.startswith(f"layers.{cfg.init_layer % arch.num_hidden_layers}.")},
-                               cfg.init_layer % arch.num_hidden_layers)
     del weights
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step, history = 0, []
@@ -204,7 +209,8 @@ def train_draft(cfg: DistillConfig, log=print) -> dict:
                "eval_top1_agreement": round(float(np.mean([float(e[3]) for e in evals])), 4),
                "eval_cls_loss": round(float(np.mean([float(e[2]) for e in evals])), 4),
                "draft_vocab_coverage": round(coverage, 4), "data_tokens": int(len(data))}
-    net.cfg.training = {"config": asdict(cfg), "metrics": metrics}
+    net.cfg.training = {"config": asdict(cfg), "metrics": metrics,
+                        "earlier": EagleNet.load(cfg.init_from).cfg.training if cfg.init_from else None}
     net.save(os.path.join(cfg.out, "draft"))
     log(f"draft written to {os.path.join(cfg.out, 'draft')}: {metrics}")
     return metrics

@@ -1,0 +1,96 @@
+"""Speculative decoding on the embedded model is lossless: greedy output is token-identical to regular
+decoding for 20 HumanEval prompts, at batch 1 and batch 8, with PAD and SPLIT attention, with every
+draft-length policy and every drafter; seeded sampling repeats; bad settings fail with one line.
+
+fallback=False everywhere: the cost model must not be allowed to turn speculation off and make the
+comparison trivially pass."""
+import pytest
+
+from specserve import LLM, SamplingParams
+from specserve.bench.humaneval import humaneval_prompts
+from specserve.loading import embedded_model_path
+
+PROMPTS = humaneval_prompts(20)
+GREEDY = SamplingParams(temperature=0, max_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def reference(embedded_llm):
+    return [embedded_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
+
+
+CONFIGS = {
+    "eagle-bass-split": dict(method="draft", policy="bass", attention="split"),
+    "eagle-bass-pad": dict(method="draft", policy="bass", attention="pad"),
+    "eagle-fixed3": dict(method="draft", policy="fixed", draft_len=3),
+    "eagle-threshold": dict(method="draft", policy="threshold"),
+    "lookup-bass": dict(method="lookup", policy="bass"),
+    "lookup-fixed-pad": dict(method="lookup", policy="fixed", draft_len=4, attention="pad"),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_speculative_equals_regular_decoding(name, reference):
+    llm = LLM(speculative={**CONFIGS[name], "fallback": False}, kv_cache_gib=0.25, max_num_seqs=8)
+    alone = [llm.generate(p, GREEDY)[0] for p in PROMPTS]  # batch 1
+    batch8 = llm.generate(PROMPTS, GREEDY)  # 20 prompts, 8 at a time
+    for ref, a, b in zip(reference, alone, batch8):
+        assert a.outputs[0].token_ids == ref
+        assert b.outputs[0].token_ids == ref
+    stats = llm.engine.spec.stats
+    assert stats.spec_steps > 0 and stats.accepted > 0  # it really speculated, and some drafts were accepted
+    for out in alone + batch8:
+        o = out.outputs[0]
+        assert o.accepted_per_step and all(0 <= a <= d for a, d in zip(o.accepted_per_step, o.drafted_per_step))
+        # the first token comes from the prefill; every verify step before the last emitted accepted + 1
+        done = o.accepted_per_step[:-1]
+        assert sum(done) + len(done) <= len(o.token_ids) - 1
+
+
+def test_draft_model_drafter_with_the_target_as_its_own_draft_accepts_everything(reference):
+    """A separate draft model with its own KV cache and rollback; drafting with the target itself
+    must accept every greedy draft, which checks positions, KV and rollback of both caches."""
+    llm = LLM(speculative=dict(method="draft", draft_model=embedded_model_path(), policy="fixed", draft_len=3,
+                               fallback=False), kv_cache_gib=0.25, max_num_seqs=8)
+    outs = llm.generate(PROMPTS[:8], GREEDY)
+    for ref, out in zip(reference, outs):
+        o = out.outputs[0]
+        assert o.token_ids == ref
+        assert all(a == d for a, d in zip(o.accepted_per_step[:-1], o.drafted_per_step[:-1]))
+    for p, ref in zip(PROMPTS[8:10], reference[8:10]):
+        assert llm.generate(p, GREEDY)[0].outputs[0].token_ids == ref
+
+
+@pytest.mark.parametrize("method", ["draft", "lookup"])
+def test_seeded_sampling_repeats(method):
+    llm = LLM(speculative=dict(method=method, fallback=False), kv_cache_gib=0.25)
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=5, max_tokens=40, ignore_eos=True)
+    a = llm.generate(PROMPTS[:3], params)
+    b = llm.generate(PROMPTS[:3], params)
+    assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
+    alone = llm.generate(PROMPTS[1], params)[0]  # same seed, other batch company
+    assert alone.outputs[0].token_ids == a[1].outputs[0].token_ids
+    assert len({tuple(o.outputs[0].token_ids) for o in a}) == 3
+
+
+@pytest.mark.parametrize("spec, message", [
+    (dict(method="medusa"), "unknown speculative method"),
+    (dict(draft_len=0), "draft_len must be"),
+    (dict(draft_len=-3), "draft_len must be"),
+    (dict(policy="greedy"), "unknown draft-length policy"),
+    (dict(attention="flash"), "unknown speculative attention"),
+    (dict(speed="max"), "unknown speculative option"),
+])
+def test_bad_settings_fail_with_one_line(spec, message):
+    with pytest.raises(ValueError, match=message) as e:
+        LLM(speculative=spec)
+    assert "\n" not in str(e.value)
+
+
+def test_draft_with_another_tokenizer_is_refused(tmp_path):
+    from tests.model.tiny import make_tiny
+    pytest.importorskip("transformers")
+    make_tiny("llama", str(tmp_path))
+    with pytest.raises(ValueError, match="tokenizer") as e:
+        LLM(speculative=dict(method="draft", draft_model=str(tmp_path)), kv_cache_gib=0.1)
+    assert "\n" not in str(e.value)

@@ -1,0 +1,89 @@
+"""The EAGLE draft's two forwards agree, the training-side target equals the serving model, and
+train-draft resumes from a checkpoint to the same weights as an uninterrupted run."""
+import pytest
+import torch
+
+from specserve import LLM
+from specserve.attention.paged import AttentionMetadata
+from specserve.kv.cache import KVCache
+from specserve.loading import load_model_files
+from specserve.models.eagle import EagleConfig, EagleNet, EagleServing
+from specserve.training import distill
+from specserve.training.distill import DistillConfig, train_draft
+from specserve.training.target import DenseTarget
+
+from .tiny import make_tiny
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("llama"))
+    make_tiny("llama", path)
+    return path
+
+
+def test_dense_target_hidden_matches_serving_model(tiny_dir):
+    llm = LLM(tiny_dir, kv_cache_gib=0.01, block_size=4)
+    eng = llm.engine
+    ids = torch.randint(0, 256, (1, 21), generator=torch.Generator().manual_seed(0))
+    n = ids.shape[1]
+    meta = AttentionMetadata.build([n], [n], [list(range(-(-n // 4)))], 4, eng.device)
+    logits, hidden = eng.model.forward(ids[0], torch.arange(n), meta, eng.kv.k, eng.kv.v, torch.arange(n), return_hidden=True)
+    _, arch, weights, _ = load_model_files(tiny_dir, keep_quantized=False)
+    target = DenseTarget(arch, weights, torch.device("cpu"))
+    h = target.hidden(ids)[0]
+    assert (h - hidden).abs().max() < 1e-4
+    assert (target.logits(h) - logits).abs().max() < 1e-3
+
+
+def test_eagle_serving_forward_matches_training_forward(tiny_dir):
+    _, arch, weights, _ = load_model_files(tiny_dir, keep_quantized=False)
+    torch.manual_seed(0)
+    net = EagleNet(EagleConfig.for_target(arch, list(range(64)))).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0, 0.2)
+    target = DenseTarget(arch, weights, torch.device("cpu"))
+    L = 13
+    emb, feat = torch.randn(1, L, arch.hidden_size), torch.randn(1, L, arch.hidden_size)
+    cos, sin = target.rope_tables(L)
+    with torch.no_grad():
+        dense = net.forward_dense(emb, feat, cos, sin)[0]
+    serving = EagleServing(net, torch.device("cpu"), use_blocks=False)
+    kv = KVCache(1, 8, 4, arch.num_key_value_heads, arch.head_dim, torch.float32, torch.device("cpu"))
+    table = [5, 2, 7, 0]  # scattered blocks
+    # Two calls, as when drafting: a catch-up span of 9 rows, then 4 more.
+    out = []
+    for a, b in ((0, 9), (9, L)):
+        meta = AttentionMetadata.build([b - a], [b], [table], 4, torch.device("cpu"))
+        out.append(serving.forward(emb[0, a:b], feat[0, a:b], torch.arange(a, b), target.rotary, meta, kv.k[0], kv.v[0]))
+    assert (torch.cat(out) - dense).abs().max() < 1e-4
+
+
+def test_train_draft_resumes_to_the_same_weights(tiny_dir, tmp_path, monkeypatch):
+    common = dict(model=tiny_dir, corpus_tokens=6000, steps=4, batch_size=2, seq_len=32, checkpoint_every=2,
+                  eval_batches=1, warmup=1, draft_vocab=64)
+    train_draft(DistillConfig(out=str(tmp_path / "straight"), **common), log=lambda *_: None)
+
+    calls = {"n": 0}
+    real = distill._losses
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # after the checkpoint at step 2
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(distill, "_losses", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_draft(DistillConfig(out=str(tmp_path / "resumed"), **common), log=lambda *_: None)
+    monkeypatch.setattr(distill, "_losses", real)
+    train_draft(DistillConfig(out=str(tmp_path / "resumed"), **common), log=lambda *_: None)
+
+    a = EagleNet.load(str(tmp_path / "straight" / "draft")).state_dict()
+    b = EagleNet.load(str(tmp_path / "resumed" / "draft")).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="other settings"):
+        train_draft(DistillConfig(out=str(tmp_path / "resumed"), **{**common, "lr": 0.5}), log=lambda *_: None)
