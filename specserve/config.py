@@ -43,7 +43,7 @@ class SchedulerConfig:
 
 SPEC_METHODS = ("draft", "lookup")
 SPEC_POLICIES = ("bass", "fixed", "threshold")
-SPEC_ATTENTION = ("split", "pad")
+SPEC_ATTENTION = ("auto", "split", "pad")
 
 
 @dataclass
@@ -54,9 +54,17 @@ class SpeculativeConfig:
     draft_model: Optional[str] = None  # None: the draft shipped for the embedded model
     draft_len: Union[str, int] = "auto"  # K: fixed k / BASS l0 / threshold limit; "auto": the policy's default
     policy: str = "bass"  # "bass" (Algorithm 1), "fixed", "threshold"
-    attention: str = "split"  # ragged verify attention: "split" (per sequence) or "pad" (padded batch)
+    # Ragged verification attention: "split" (per sequence) or "pad" (one padded batch). "auto": split
+    # on CPU (the C++ paged kernel, no padding work), pad on CUDA (one kernel instead of one per
+    # sequence); both chosen by the PAD/SPLIT ablation of `specserve bench spec` on each device.
+    attention: str = "auto"
     fallback: bool = True  # skip drafting on steps where the measured costs say it would not pay
     lookup_max_ngram: int = 4
+
+    def resolved_attention(self, device: str) -> str:
+        if self.attention != "auto":
+            return self.attention
+        return "split" if device.startswith("cpu") else "pad"
 
     def __post_init__(self):
         if self.method not in SPEC_METHODS:

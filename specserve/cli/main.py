@@ -48,7 +48,8 @@ def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     p.add_argument("--draft-model", type=_model_path, default=None, help="an EAGLE draft dir or a model with the target's tokenizer")
     p.add_argument("--draft-len", default="auto", help="auto, or K: fixed k / BASS l0 / threshold limit")
     p.add_argument("--policy", choices=["bass", "fixed", "threshold"], default="bass", help="draft-length policy")
-    p.add_argument("--attention", choices=["split", "pad"], default="split", help="ragged verification attention")
+    p.add_argument("--attention", choices=["auto", "split", "pad"], default="auto",
+                   help="ragged verification attention (auto: split on CPU, pad on CUDA)")
 
 
 def spec_from_args(args):
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--sequences", type=_positive_int, default=8, help="sequences per batch size (batches of that size)")
     sp.add_argument("--max-tokens", type=_positive_int, default=128)
     sp.add_argument("--ablation-batch", type=_positive_int, default=4)
+    sp.add_argument("--ablations", action=argparse.BooleanOptionalAction, default=True, help="PAD/SPLIT and policies")
     sp.add_argument("--pass-at-1", action=argparse.BooleanOptionalAction, default=True, help="all 164 problems, RD and spec")
     sp.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="HF transformers, llama.cpp")
     sp.add_argument("--peer-prompts", type=_positive_int, default=3)

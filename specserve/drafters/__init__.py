@@ -20,16 +20,17 @@ def default_draft_path(target_path: str) -> str:
     return os.path.join(os.path.dirname(os.path.dirname(__file__)), "weights", name)
 
 
-def build_drafter(spec: SpeculativeConfig, target, tokenizer, target_path: str, num_blocks: int, block_size: int) -> Drafter:
-    """target: the serving model; tokenizer: the target's."""
+def build_drafter(spec: SpeculativeConfig, target, tokenizer, target_path: str, num_blocks: int, block_size: int,
+                  attention: str = "split") -> Drafter:
+    """target: the serving model; tokenizer: the target's; attention: the resolved PAD/SPLIT mode."""
     if spec.method == "lookup":
         from .prompt_lookup import PromptLookupDrafter
         return PromptLookupDrafter(spec.lookup_max_ngram)
     path = spec.draft_model or default_draft_path(target_path)
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")) and \
             os.path.exists(os.path.join(path, "model.safetensors")) and _is_eagle(path):
-        return _eagle(path, spec, target, tokenizer, num_blocks, block_size)
-    return _draft_model(path, spec, target, tokenizer, num_blocks, block_size)
+        return _eagle(path, attention, target, tokenizer, num_blocks, block_size)
+    return _draft_model(path, attention, target, tokenizer, num_blocks, block_size)
 
 
 def _is_eagle(path: str) -> bool:
@@ -38,7 +39,7 @@ def _is_eagle(path: str) -> bool:
         return "vocab_ids" in json.load(f)
 
 
-def _eagle(path, spec, target, tokenizer, num_blocks, block_size):
+def _eagle(path, attention, target, tokenizer, num_blocks, block_size):
     from ..models.eagle import EagleNet
     from .eagle import EagleDrafter
     net = EagleNet.load(path)
@@ -48,10 +49,10 @@ def _eagle(path, spec, target, tokenizer, num_blocks, block_size):
                          f"({cfg.target_vocab_size} tokens) than the target's ({arch.vocab_size} tokens)")
     if cfg.hidden_size != arch.hidden_size:
         raise ValueError(f"{path}: draft hidden size {cfg.hidden_size} does not match the target's {arch.hidden_size}")
-    return EagleDrafter(net, target, num_blocks, block_size, spec.attention)
+    return EagleDrafter(net, target, num_blocks, block_size, attention)
 
 
-def _draft_model(path, spec, target, tokenizer, num_blocks, block_size):
+def _draft_model(path, attention, target, tokenizer, num_blocks, block_size):
     from ..loading import load_model_files
     from ..models import build_model
     from .draft_model import DraftModelDrafter
@@ -61,7 +62,7 @@ def _draft_model(path, spec, target, tokenizer, num_blocks, block_size):
                          f"target's ({target.arch.vocab_size} tokens); a draft must share the target's tokenizer")
     model = build_model(arch, weights, target.dtype, target.device, use_blocks=True,
                         max_len=target.rotary.cos.shape[0])
-    return DraftModelDrafter(model, num_blocks, block_size, spec.attention)
+    return DraftModelDrafter(model, num_blocks, block_size, attention)
 
 
 __all__ = ["Draft", "Drafter", "DraftLengthPolicy", "build_drafter", "default_draft_path", "make_policy"]

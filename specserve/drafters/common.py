@@ -2,7 +2,7 @@
 by simply not counting rejected rows) and picking draft tokens from draft logits."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -11,6 +11,7 @@ from ..kv.block_manager import BlockManager
 from ..kv.cache import KVCache
 from ..sampling.sampler import make_generator, warp_logits
 from ..types import Request
+from .base import Draft
 
 
 class DraftKV:
@@ -79,3 +80,31 @@ class DraftPicker:
 
     def release(self, rid: str) -> None:
         self.generators.pop(rid, None)
+
+
+def autoregressive_drafts(live: list[Request], max_len: int, min_confidence: Optional[float], picker: DraftPicker,
+                          logits: torch.Tensor, advance: Callable) -> dict[str, Draft]:
+    """The drafting loop of model-based drafters: pick a token per request from `logits` [B, V_draft],
+    record it (and q, and its probability), stop a request once its cumulative draft probability falls
+    below min_confidence, and ask `advance(rows, tokens, requests, j)` for the next logits of the requests
+    still drafting (rows index the previous call's batch)."""
+    drafts = {r.request_id: Draft() for r in live}
+    cum = [1.0] * len(live)
+    active = list(range(len(live)))
+    for j in range(max_len):
+        tokens, qs, conf = picker.pick([live[i] for i in active], logits)
+        still = []
+        for row, (i, tok, q, c) in enumerate(zip(active, tokens, qs, conf)):
+            d = drafts[live[i].request_id]
+            d.tokens.append(tok)
+            d.confidence.append(c)
+            if q is not None:
+                d.probs = q[None] if d.probs is None else torch.cat([d.probs, q[None]])
+            cum[i] *= c
+            if min_confidence is None or cum[i] >= min_confidence:
+                still.append(row)
+        if j == max_len - 1 or not still:
+            break
+        active = [active[s] for s in still]
+        logits = advance(still, [tokens[s] for s in still], [live[i] for i in active], j)
+    return drafts

@@ -9,7 +9,7 @@ import torch
 
 from ..types import Request
 from .base import Draft, Drafter
-from .common import DraftKV, DraftPicker
+from .common import DraftKV, DraftPicker, autoregressive_drafts
 
 
 class DraftModelDrafter(Drafter):
@@ -34,26 +34,11 @@ class DraftModelDrafter(Drafter):
                                [a for _, a, _ in spans])
         for r in live:
             self.kv.num_done[r.request_id] = r.num_tokens
-        cum = [1.0] * len(live)
-        active = list(range(len(live)))
-        for j in range(max_len):
-            reqs = [live[i] for i in active]
-            tokens, qs, conf = self.picker.pick(reqs, logits)
-            still = []
-            for row, (i, tok, q, c) in enumerate(zip(active, tokens, qs, conf)):
-                d = drafts[live[i].request_id]
-                d.tokens.append(tok)
-                d.confidence.append(c)
-                if q is not None:
-                    d.probs = q[None] if d.probs is None else torch.cat([d.probs, q[None]])
-                cum[i] *= c
-                if min_confidence is None or cum[i] >= min_confidence:
-                    still.append(row)
-            if j == max_len - 1 or not still:
-                break
-            active = [active[s] for s in still]
-            reqs = [live[i] for i in active]
-            logits = self._forward(reqs, [[tokens[s]] for s in still], [r.num_tokens + j for r in reqs])
+
+        def advance(rows, tokens, reqs, j):
+            return self._forward(reqs, [[t] for t in tokens], [r.num_tokens + j for r in reqs])
+
+        drafts.update(autoregressive_drafts(live, max_len, min_confidence, self.picker, logits, advance))
         for r in live:
             self.proposed_at[r.request_id] = (r.num_tokens, len(drafts[r.request_id].tokens) - 1)
         return [drafts[r.request_id] for r in requests]

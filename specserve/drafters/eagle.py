@@ -18,7 +18,7 @@ from ..models.eagle import EagleNet, EagleServing
 from ..models.layers import rms_norm
 from ..types import Request
 from .base import Draft, Drafter
-from .common import DraftKV, DraftPicker
+from .common import DraftKV, DraftPicker, autoregressive_drafts
 
 
 class EagleDrafter(Drafter):
@@ -41,6 +41,7 @@ class EagleDrafter(Drafter):
         self.kv = DraftKV(1, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, torch.float32, dev)
         self.picker = DraftPicker(target.arch.vocab_size, dev, self.vocab_ids)
         self.pending: dict[str, list[torch.Tensor]] = {}  # target features not yet fed to the draft
+        self.num_pending: dict[str, int] = {}  # their rows (kept as a count: observe runs every step)
         self.attention = attention
 
     # --- target side ----------------------------------------------------------------------------
@@ -48,26 +49,29 @@ class EagleDrafter(Drafter):
         rid = request.request_id
         if hidden is None:
             return
-        expected = self.kv.num_done.get(rid, 0) + sum(len(h) for h in self.pending.get(rid, []))
+        expected = self.kv.num_done.get(rid, 0) + self.num_pending.get(rid, 0)
         if start != expected:  # recomputed from scratch (preemption), or out of step: start over
             self.release(request)
             if start != 0:
                 return
         self.pending.setdefault(rid, []).append(hidden.float())
+        self.num_pending[rid] = self.num_pending.get(rid, 0) + len(hidden)
 
     def release(self, request: Request) -> None:
         self.kv.release(request.request_id)
         self.pending.pop(request.request_id, None)
+        self.num_pending.pop(request.request_id, None)
         self.picker.release(request.request_id)
 
     def fork(self, parent: Request, child: Request) -> None:
         if self.kv.num_done.get(parent.request_id, 0) == 0 and parent.request_id in self.pending:
             self.pending[child.request_id] = list(self.pending[parent.request_id])
+            self.num_pending[child.request_id] = self.num_pending[parent.request_id]
 
     # --- drafting -------------------------------------------------------------------------------
     def _ready(self, r: Request) -> bool:
         rid = r.request_id
-        have = self.kv.num_done.get(rid, 0) + sum(len(h) for h in self.pending.get(rid, []))
+        have = self.kv.num_done.get(rid, 0) + self.num_pending.get(rid, 0)
         return have == r.num_tokens - 1 and rid in self.pending
 
     @torch.inference_mode()
@@ -82,6 +86,7 @@ class EagleDrafter(Drafter):
         for r in live:
             done = self.kv.num_done[r.request_id]
             f = torch.cat(self.pending.pop(r.request_id))  # [m, hidden], positions done .. N - 2
+            self.num_pending.pop(r.request_id)
             m = len(f)
             feats.append(f)
             toks.extend(r.token_at(t + 1) for t in range(done, done + m))
@@ -93,30 +98,17 @@ class EagleDrafter(Drafter):
         f_hat = pred.index_select(0, last)  # [B, hidden]: predicted feature at position N - 1
         for r, kl in zip(live, kv_lens):
             self.kv.num_done[r.request_id] = kl  # real rows only; speculative rows below are not counted
-        cum = [1.0] * len(live)
-        active = list(range(len(live)))
-        for j in range(max_len):
-            reqs = [live[i] for i in active]
-            tokens, qs, conf = self.picker.pick(reqs, self._logits(f_hat))
-            still = []
-            for row, (i, tok, q, c) in enumerate(zip(active, tokens, qs, conf)):
-                d = drafts[live[i].request_id]
-                d.tokens.append(tok)
-                d.confidence.append(c)
-                if q is not None:
-                    d.probs = q[None] if d.probs is None else torch.cat([d.probs, q[None]])
-                cum[i] *= c
-                if min_confidence is None or cum[i] >= min_confidence:
-                    still.append(row)
-            if j == max_len - 1 or not still:
-                break
-            # One speculative row per request: (predicted feature, the token just drafted).
-            keep = torch.tensor(still, device=f_hat.device)
-            active = [active[s] for s in still]
-            reqs = [live[i] for i in active]
+        state = {"f_hat": f_hat}
+
+        def advance(rows, tokens, reqs, j):
+            # One speculative row per request: (its predicted feature, the token just drafted).
+            keep = torch.tensor(rows, device=f_hat.device)
             pos = [r.num_tokens - 1 + j for r in reqs]
-            f_hat = self._forward(reqs, f_hat.index_select(0, keep), [tokens[s] for s in still], pos,
-                                  [1] * len(reqs), [p + 1 for p in pos])
+            state["f_hat"] = self._forward(reqs, state["f_hat"].index_select(0, keep), tokens, pos,
+                                           [1] * len(reqs), [p + 1 for p in pos])
+            return self._logits(state["f_hat"])
+
+        drafts.update(autoregressive_drafts(live, max_len, min_confidence, self.picker, self._logits(f_hat), advance))
         return [drafts[r.request_id] for r in requests]
 
     def _forward(self, reqs, feats, tokens, positions, q_lens, kv_lens) -> torch.Tensor:

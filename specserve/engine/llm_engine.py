@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ..attention.paged import AttentionMetadata
-from ..config import EngineConfig
+from ..config import EngineConfig, SpeculativeConfig
 from ..drafters import build_drafter, make_policy
 from ..kv.block_manager import BlockManager
 from ..kv.cache import KVCache
@@ -52,10 +52,12 @@ class LLMEngine:
         self.scheduler = Scheduler(BlockManager(num_blocks, cc.block_size), config.scheduler.max_num_seqs,
                                    config.scheduler.max_num_batched_tokens)
         spec = config.speculative
-        self.runner = ModelRunner(self.model, self.kv, self.device, attention=spec.attention if spec else "split")
+        # Without speculation too: the C++ paged kernel (split) on CPU, one padded SDPA call on CUDA.
+        attention = (spec or SpeculativeConfig()).resolved_attention(mc.device)
+        self.runner = ModelRunner(self.model, self.kv, self.device, attention=attention)
         self.spec: Optional[SpeculativeDecoder] = None
         if spec is not None:
-            drafter = build_drafter(spec, self.model, self.tokenizer, self.model_path, num_blocks, cc.block_size)
+            drafter = build_drafter(spec, self.model, self.tokenizer, self.model_path, num_blocks, cc.block_size, attention)
             self.spec = SpeculativeDecoder(drafter, lambda: make_policy(spec.policy, spec.draft_len), spec.fallback)
             if spec.fallback:
                 self._calibrate()
@@ -152,8 +154,8 @@ class LLMEngine:
                 row += k + 1
         accepted = {}
         if verifiers:
-            counts = spec.verify(verifiers, verifier_logits, [self._generators[r.request_id] for r in verifiers])
-            accepted = {r.request_id: (a, toks) for r, a, toks in zip(verifiers, counts, spec.emitted)}
+            verified = spec.verify(verifiers, verifier_logits, [self._generators[r.request_id] for r in verifiers])
+            accepted = {r.request_id: v for r, v in zip(verifiers, verified)}
 
         # KV bookkeeping: plain rows are all kept; a verify span keeps its last token + the accepted drafts.
         offset = 0

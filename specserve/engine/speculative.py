@@ -114,24 +114,46 @@ class CostModel:
         slope = (table[b] - table[a]) / (b - a)
         return max(table[a] + slope * (x - a), 1e-6)
 
-    def tokens_per_second(self, batch: int, k: int) -> Optional[float]:
-        """Predicted emitted tokens per second of a step with drafts of length k (k = 0: plain decoding)."""
-        t_target = self.step_seconds(batch * (k + 1))
+    def tokens_per_second(self, batch: int, k: int, alpha: Optional[float] = None,
+                          calibrated_only: bool = False) -> Optional[float]:
+        """Predicted emitted tokens per second of a step with drafts of length k (k = 0: plain decoding).
+        calibrated_only: use only the startup calibration (fixed for the engine's life) and a draft step
+        of DRAFT_COST_GUESS target passes, so the answer does not move with the machine's timings."""
+        if calibrated_only:
+            if not self.calibrated:
+                return None
+            t_target = self._interp(self.calibrated, batch * (k + 1))
+            t_draft = DRAFT_COST_GUESS * self._interp(self.calibrated, 1)
+        else:
+            t_target, t_draft = self.step_seconds(batch * (k + 1)), self._interp(self.draft, batch)
+            alpha = self.alpha if alpha is None else alpha
         if t_target is None:
             return None
         if k == 0:
             return batch / t_target
-        alpha, t_draft = self.alpha, self._interp(self.draft, batch)
         if alpha is None or t_draft is None:
             return None
         alpha = min(alpha, 0.999)
         expected = (1 - alpha ** (k + 1)) / (1 - alpha)  # Leviathan et al.: tokens per step per sequence
         return batch * expected / (t_target + k * t_draft)
 
+    def best_len(self, batch: int, k: int, margin: float = 1.05, **kw) -> Optional[int]:
+        """The draft length <= k with the most predicted tokens per second (None: not measured yet).
+        Drafting must beat plain decoding by `margin`: a bet predicted to break even loses on average
+        (the prediction leaves out probes and catch-up work)."""
+        rates = [self.tokens_per_second(batch, j, **kw) for j in range(k + 1)]
+        if any(r is None for r in rates):
+            return None
+        best = max(range(k + 1), key=lambda j: (rates[j], -j))
+        return best if rates[best] > margin * rates[0] else 0
+
+
+DRAFT_COST_GUESS = 0.1  # draft step / target step, for decisions that must not depend on live timings
+
 
 class SpeculativeDecoder:
     def __init__(self, drafter: Drafter, make_policy: Callable[[], DraftLengthPolicy], fallback: bool = True,
-                 retry_every: int = 8):
+                 retry_every: int = 32, prior_alpha: float = 0.5):
         self.drafter, self.make_policy, self.fallback = drafter, make_policy, fallback
         self.policy = make_policy()  # shared by the batch, as BASS adapts one length for all
         # A seeded sampled request gets a policy of its own and no timing-based fallback: its draft
@@ -139,9 +161,12 @@ class SpeculativeDecoder:
         # reproduces the output whatever the batch and the machine's timings.
         self.own_policies: dict[str, DraftLengthPolicy] = {}
         self.costs = CostModel()
+        # A weak prior (2 pseudo-tokens) so the first steps already weigh drafting against plain decoding.
+        self.costs.alpha_num, self.costs.alpha_den = 2 * prior_alpha, 2.0
         self.stats = SpecStats()
-        self.retry_every = retry_every  # after this many fallback steps in a row, draft anyway to re-measure
+        self.retry_every = retry_every  # after this many plain steps in a row, probe the acceptance
         self._since_spec = 0
+        self._probe_turn = 0
         self._drafts: dict[str, Draft] = {}
 
     @staticmethod
@@ -155,26 +180,42 @@ class SpeculativeDecoder:
         for r in decoding:
             if self._seeded(r):
                 policy = self.own_policies.setdefault(r.request_id, self.make_policy())
-                self._draft([r], policy.draft_len(), policy.min_confidence)
+                k = policy.draft_len()
+                if self.fallback:  # from the request's own acceptance and the fixed calibration only
+                    k = self.costs.best_len(len(decoding), k, alpha=_own_alpha(r), calibrated_only=True)
+                    k = policy.draft_len() if k is None else k
+                if k:
+                    self._draft([r], k, policy.min_confidence)
         if not shared:
             return
         k = self.policy.draft_len()
         if self.fallback:
-            k = self._best_len(len(shared), k)
+            if self._since_spec >= self.retry_every:
+                # A cheap probe that keeps the acceptance estimate fresh: one draft token for one
+                # sequence (rotating), a single extra row in the batch.
+                self._since_spec = 0
+                self._probe_turn = (self._probe_turn + 1) % len(shared)
+                self._draft([shared[self._probe_turn]], 1, None, timed=False)
+                return
+            best = self.costs.best_len(len(shared), k)
+            k = k if best is None else best
             if k == 0:
                 self.stats.fallback_steps += 1
                 self._since_spec += 1
                 return
-        self._since_spec = 0
-        self._draft(shared, k, self.policy.min_confidence)
+        # Time drafting only in steady state: right after plain steps the drafter first catches up
+        # on every step it missed, a one-off that is not what a draft step costs.
+        steady, self._since_spec = self._since_spec == 0, 0
+        self._draft(shared, k, self.policy.min_confidence, timed=steady)
 
-    def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float]) -> None:
+    def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float], timed: bool = True) -> None:
         t0 = time.perf_counter()
         drafts = self.drafter.propose(requests, k, min_confidence)
         seconds = time.perf_counter() - t0
         longest = max((len(d.tokens) for d in drafts), default=0)
         if longest:
-            self.costs.record_draft(len(requests), seconds / longest)
+            if timed:
+                self.costs.record_draft(len(requests), seconds / longest)
             self.stats.draft_seconds += seconds
             self.stats.draft_steps += longest
         for r, d in zip(requests, drafts):
@@ -182,21 +223,11 @@ class SpeculativeDecoder:
                 r.draft_token_ids = list(d.tokens)
                 self._drafts[r.request_id] = d
 
-    def _best_len(self, batch: int, k: int) -> int:
-        """The draft length <= k with the best predicted tokens per second; 0 means plain decoding.
-        Unmeasured, or after `retry_every` plain steps in a row, it drafts k to (re)measure."""
-        if self._since_spec >= self.retry_every:
-            return k
-        rates = [self.costs.tokens_per_second(batch, j) for j in range(k + 1)]
-        if any(r is None for r in rates):
-            return k
-        return max(range(k + 1), key=lambda j: (rates[j], -j))
-
     # --- after the target pass ------------------------------------------------------------------
-    def verify(self, requests: list[Request], logits: list[torch.Tensor], generators: list) -> list[int]:
-        """requests with drafts; logits[i] [1 + k_i, vocab] for request i. Returns accepted counts and
-        leaves the tokens to emit in `self.emitted[i]` (accepted drafts + one)."""
-        self.emitted: list[list[int]] = [[] for _ in requests]
+    def verify(self, requests: list[Request], logits: list[torch.Tensor], generators: list) -> list[tuple[int, list[int]]]:
+        """requests with drafts; logits[i] [1 + k_i, vocab] for request i. Returns, per request, the number
+        of accepted drafts and the tokens to emit (the accepted drafts + one from the target)."""
+        emitted: list[list[int]] = [[] for _ in requests]
         accepted = [0] * len(requests)
         greedy = [i for i, r in enumerate(requests) if r.params.greedy]
         sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
@@ -230,7 +261,7 @@ class SpeculativeDecoder:
             for row, i in enumerate(group):
                 a = int(n_acc[row])
                 accepted[i] = a
-                self.emitted[i] = requests[i].draft_token_ids[:a] + [int(nxt[row])]
+                emitted[i] = requests[i].draft_token_ids[:a] + [int(nxt[row])]
         drafted = [len(r.draft_token_ids) for r in requests]
         confidences = [self._drafts.pop(r.request_id).confidence for r in requests]
         rejections = sum(a < n for a, n in zip(accepted, drafted))
@@ -249,7 +280,7 @@ class SpeculativeDecoder:
         for r, a, n in zip(requests, accepted, drafted):
             r.spec_drafted.append(n)
             r.spec_accepted.append(a)
-        return accepted
+        return list(zip(accepted, emitted))
 
     def record_step(self, rows: int, seconds: float, target_seconds: float) -> None:
         """A step's target rows, its seconds after drafting, and the target pass's share of them."""
@@ -268,3 +299,10 @@ class SpeculativeDecoder:
         t_draft = self.costs._interp(self.costs.draft, 1)
         t_target = self.costs.step_seconds(1)
         return t_draft / t_target if t_draft and t_target else None
+
+
+def _own_alpha(r: Request) -> Optional[float]:
+    """A request's own acceptance estimate from its verify steps (None before the first)."""
+    accepted = sum(r.spec_accepted)
+    rejections = sum(a < n for a, n in zip(r.spec_accepted, r.spec_drafted))
+    return accepted / (accepted + rejections) if accepted + rejections else None

@@ -1,0 +1,76 @@
+"""Draft-length policies (BASS Algorithm 1 by hand), the cost model's choice, and prompt lookup."""
+import pytest
+
+from specserve.drafters.policies import BassPolicy, FixedPolicy, ThresholdPolicy, make_policy
+from specserve.drafters.prompt_lookup import PromptLookupDrafter
+from specserve.engine.speculative import CostModel
+from specserve.types import Request, SamplingParams
+
+
+def test_bass_algorithm_1_by_hand():
+    p = BassPolicy()  # l0=7, l_incre=2, l_mod=10, l_limit=32
+    assert p.draft_len() == 7
+    p.update([7, 7], [7, 3])  # someone accepted all: grow, s = 0
+    assert (p.l, p.s) == (9, 0)
+    p.update([9, 9], [2, 4])  # l = 9 - ceil(0.9) - 0 = 8; max(1, 2, 4, 8) = 8; s = 1
+    assert (p.l, p.s) == (8, 1)
+    p.update([8], [1])  # l = 8 - 1 - 1 = 6
+    assert p.l == 6
+    p.update([6], [5])  # l = 6 - 1 - 1 = 4, but never below the longest accepted run: 5
+    assert p.l == 5
+    for _ in range(20):
+        p.update([p.l], [p.l])
+    assert p.l == 32  # l_limit
+
+
+def test_threshold_moves_toward_last_accepted_and_clamps():
+    p = ThresholdPolicy(threshold=0.5, rate=0.5)
+    p.update([3], [1], [[0.9, 0.4, 0.8]])  # accepted prefix prob 0.9: 0.5 + 0.5 * (0.9 - 0.5)
+    assert p.min_confidence == pytest.approx(0.7)
+    p.update([2], [2], [[0.9, 0.9]])  # all accepted: lower a little
+    assert p.min_confidence == pytest.approx(0.7 + 0.5 * (0.65 - 0.7))
+    for _ in range(50):
+        p.update([2], [0], [[0.99, 0.5]])  # nothing accepted: target 1.0, clamped at 0.95
+    assert p.min_confidence == pytest.approx(0.95, abs=1e-6)
+    assert p.draft_len() == 8
+
+
+def test_make_policy_maps_draft_len():
+    assert make_policy("fixed", 3).draft_len() == 3 and make_policy("fixed", "auto").draft_len() == 4
+    assert make_policy("bass", 5).draft_len() == 5 and make_policy("threshold", 6).draft_len() == 6
+    with pytest.raises(ValueError, match="unknown draft-length policy"):
+        make_policy("medusa", "auto")
+    assert isinstance(make_policy("fixed", 2), FixedPolicy)
+
+
+def test_cost_model_prefers_plain_decoding_when_verification_is_dear():
+    c = CostModel()
+    for rows, ms in {1: 10, 2: 12, 3: 15, 5: 21, 8: 30}.items():
+        c.record_target(rows, ms / 1e3)
+    c.record_draft(1, 1e-3)
+    c.record_acceptance(accepted=0, rejections=10)  # alpha 0: drafts never pay
+    assert max(range(5), key=lambda k: c.tokens_per_second(1, k)) == 0
+    c2 = CostModel()
+    c2.target, c2.draft = dict(c.target), dict(c.draft)
+    c2.record_acceptance(accepted=90, rejections=10)  # alpha 0.9
+    best = max(range(5), key=lambda k: c2.tokens_per_second(1, k))
+    assert best >= 2
+    # 1 + 0.9 + 0.81 tokens for 15 ms + 2 draft ms, against 1 token per 10 ms
+    assert c2.tokens_per_second(1, 2) == pytest.approx(2.71 / 0.017)
+
+
+def test_cost_model_adds_measured_overhead_to_calibrated_passes():
+    c = CostModel()
+    for rows, ms in {1: 10, 4: 16, 8: 28}.items():
+        c.record_calibration(rows, ms / 1e3)
+    c.record_target(1, 13e-3)  # whole steps cost 3 ms more than the bare pass
+    assert c.step_seconds(4) == pytest.approx(19e-3)
+    assert c.step_seconds(6) == pytest.approx(25e-3)
+
+
+def test_prompt_lookup_copies_what_followed_the_last_ngram():
+    r = Request("0", [1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2, 3], SamplingParams())
+    d = PromptLookupDrafter(max_ngram=3).propose([r], 3)[0]
+    assert d.tokens == [7, 8, 1] and d.probs is None  # the most recent earlier match of [1, 2, 3]
+    r2 = Request("1", [5, 6, 7], SamplingParams())
+    assert PromptLookupDrafter().propose([r2], 4)[0].tokens == []
