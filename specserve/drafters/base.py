@@ -31,6 +31,7 @@ class Draft:
 
 class Drafter:
     wants_hidden_states = False  # True: observe() gets the target's last hidden states
+    last_catchup_rows = 0  # rows the last propose() fed before drafting (the prompt, the first time)
 
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> list[Draft]:
         """Up to max_len draft tokens per request. With min_confidence, stop a request's draft once the
@@ -46,7 +47,3 @@ class Drafter:
     def fork(self, parent: Request, child: Request) -> None:
         pass
 
-    @property
-    def step_seconds(self) -> Optional[float]:
-        """Measured seconds per drafting step at batch 1 (None: drafting costs next to nothing)."""
-        return None

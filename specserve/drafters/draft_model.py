@@ -30,6 +30,7 @@ class DraftModelDrafter(Drafter):
             return [drafts[r.request_id] for r in requests]
         # Catch-up: every token the draft has not seen yet (the whole prompt the first time).
         spans = [(r, self.kv.num_done[r.request_id], r.num_tokens) for r in live]
+        self.last_catchup_rows = sum(b - a for _, a, b in spans)
         logits = self._forward(live, [[r.token_at(t) for t in range(a, b)] for r, a, b in spans],
                                [a for _, a, _ in spans])
         for r in live:

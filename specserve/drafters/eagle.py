@@ -93,6 +93,7 @@ class EagleDrafter(Drafter):
             positions.extend(range(done, done + m))
             q_lens.append(m)
             kv_lens.append(done + m)
+        self.last_catchup_rows = sum(q_lens)
         pred = self._forward(live, torch.cat(feats), toks, positions, q_lens, kv_lens)
         last = torch.cumsum(torch.tensor(q_lens, device=pred.device), 0) - 1  # each request's last row
         f_hat = pred.index_select(0, last)  # [B, hidden]: predicted feature at position N - 1

@@ -203,18 +203,19 @@ class SpeculativeDecoder:
                 self.stats.fallback_steps += 1
                 self._since_spec += 1
                 return
-        # Time drafting only in steady state: right after plain steps the drafter first catches up
-        # on every step it missed, a one-off that is not what a draft step costs.
-        steady, self._since_spec = self._since_spec == 0, 0
-        self._draft(shared, k, self.policy.min_confidence, timed=steady)
+        self._since_spec = 0
+        self._draft(shared, k, self.policy.min_confidence)
 
     def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float], timed: bool = True) -> None:
         t0 = time.perf_counter()
         drafts = self.drafter.propose(requests, k, min_confidence)
         seconds = time.perf_counter() - t0
         longest = max((len(d.tokens) for d in drafts), default=0)
+        # Time drafting only in steady state: after a prompt or plain steps the drafter first catches
+        # up on every token it missed, a one-off that is not what a draft step costs.
+        steady = self.drafter.last_catchup_rows <= len(requests) * (k + 1)
         if longest:
-            if timed:
+            if timed and steady:
                 self.costs.record_draft(len(requests), seconds / longest)
             self.stats.draft_seconds += seconds
             self.stats.draft_steps += longest
