@@ -156,9 +156,9 @@ class SpeculativeDecoder:
                  retry_every: int = 32, prior_alpha: float = 0.5):
         self.drafter, self.make_policy, self.fallback = drafter, make_policy, fallback
         self.policy = make_policy()  # shared by the batch, as BASS adapts one length for all
-        # A seeded sampled request gets a policy of its own and no timing-based fallback: its draft
-        # lengths, and so its random draws, then depend on nothing but its own tokens, and the seed
-        # reproduces the output whatever the batch and the machine's timings.
+        # A seeded sampled request gets a policy of its own, and its fallback looks only at its own
+        # acceptance and the start-up calibration: its draft lengths, and so its random draws, then
+        # depend on its own tokens (not on the batch or on live timings), and the seed reproduces it.
         self.own_policies: dict[str, DraftLengthPolicy] = {}
         self.costs = CostModel()
         # A weak prior (2 pseudo-tokens) so the first steps already weigh drafting against plain decoding.
