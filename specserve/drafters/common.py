@@ -9,7 +9,7 @@ import torch
 from ..attention.paged import AttentionMetadata
 from ..kv.block_manager import BlockManager
 from ..kv.cache import KVCache
-from ..sampling.sampler import make_generator, warp_logits
+from ..sampling.sampler import draw, make_generator, warp_logits
 from ..types import Request
 from .base import Draft
 
@@ -68,9 +68,7 @@ class DraftPicker:
                 g = self.generators.get(r.request_id)
                 if g is None:
                     g = self.generators[r.request_id] = make_generator(None if r.seed is None else r.seed + 7919, self.device)
-                cdf = q_sub.double().cumsum(-1)
-                tok = int(torch.searchsorted(cdf, torch.rand(1, generator=g, dtype=torch.float64, device=cdf.device) * cdf[-1],
-                                             right=True).clamp(max=len(q_sub) - 1))
+                tok = draw(q_sub, g)
                 c = float(q_sub[tok])
                 q = q_sub if self.vocab_ids is None else torch.zeros(self.target_vocab, device=q_sub.device).index_copy_(0, self.vocab_ids, q_sub)
             tokens.append(tok if self.vocab_ids is None else int(self.vocab_ids[tok]))

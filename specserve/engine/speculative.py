@@ -35,7 +35,6 @@ class SpecStats:
     accepted: int = 0
     rejections: int = 0  # verify spans that ended in a rejection (not all drafts accepted)
     draft_seconds: float = 0.0
-    draft_steps: int = 0  # draft model passes (per batch)
     target_seconds: float = 0.0
     decode_tokens: int = 0  # tokens emitted by decode steps (spec or not)
     decode_seq_steps: int = 0  # (sequence, decode step) pairs
@@ -195,7 +194,7 @@ class SpeculativeDecoder:
                 # sequence (rotating), a single extra row in the batch.
                 self._since_spec = 0
                 self._probe_turn = (self._probe_turn + 1) % len(shared)
-                self._draft([shared[self._probe_turn]], 1, None, timed=False)
+                self._draft([shared[self._probe_turn]], 1, None)
                 return
             best = self.costs.best_len(len(shared), k)
             k = k if best is None else best
@@ -206,19 +205,18 @@ class SpeculativeDecoder:
         self._since_spec = 0
         self._draft(shared, k, self.policy.min_confidence)
 
-    def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float], timed: bool = True) -> None:
+    def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float]) -> None:
         t0 = time.perf_counter()
         drafts = self.drafter.propose(requests, k, min_confidence)
         seconds = time.perf_counter() - t0
         longest = max((len(d.tokens) for d in drafts), default=0)
-        # Time drafting only in steady state: after a prompt or plain steps the drafter first catches
-        # up on every token it missed, a one-off that is not what a draft step costs.
+        # Time drafting only in steady state: after a prompt, plain steps or a probe the drafter first
+        # catches up on every token it missed, a one-off that is not what a draft step costs.
         steady = self.drafter.last_catchup_rows <= len(requests) * (k + 1)
         if longest:
-            if timed and steady:
+            if steady:
                 self.costs.record_draft(len(requests), seconds / longest)
             self.stats.draft_seconds += seconds
-            self.stats.draft_steps += longest
         for r, d in zip(requests, drafts):
             if d.tokens:
                 r.draft_token_ids = list(d.tokens)
