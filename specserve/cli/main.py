@@ -1,4 +1,4 @@
-"""`specserve` command line: generate | plan | train-draft | bench. Flags map one to one onto LLM(...) and SamplingParams."""
+"""`specserve` command line: generate | plan | profile | train-draft | bench. Flags map one to one onto LLM(...) and SamplingParams."""
 from __future__ import annotations
 
 import argparse
@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="place models on a cluster for SLO attainment (AlpaServe)")
     add_plan_args(pl)
 
+    from .replay import add_profile_args
+    pr = sub.add_parser("profile", help="time the model's layers on this machine (the planner's measured cost model)")
+    add_profile_args(pr)
+
     from .train_draft import add_train_draft_args
     t = sub.add_parser("train-draft", help="distil an EAGLE-style draft model from the target (offline data)")
     add_train_draft_args(t)
@@ -162,6 +166,9 @@ def main(argv=None) -> int:
         if args.command == "plan":
             from .plan import cmd_plan
             return cmd_plan(args)
+        if args.command == "profile":
+            from .replay import cmd_profile
+            return cmd_profile(args)
         if args.command == "train-draft":
             from .train_draft import cmd_train_draft
             return cmd_train_draft(args)

@@ -90,13 +90,22 @@ class LlamaModel:
                                           cos, sin, k_cache[li], v_cache[li], meta.slot_mapping, tables, q_starts,
                                           q_lens, kv_lens, meta.block_size, self.scale, H, Hkv, D)
             return self._head(x + delta, logits_indices, return_hidden)
-        for li, layer in enumerate(self.layers):
+        x, delta = self.run_layers(x, None, 0, len(self.layers), cos, sin, meta, k_cache, v_cache)
+        return self._head(x + delta, logits_indices, return_hidden)
+
+    def run_layers(self, x: torch.Tensor, delta: Optional[torch.Tensor], start: int, end: int, cos, sin,
+                   meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor):
+        """Layers [start, end) on the residual stream x [T, hidden] (+ the pending sub-layer output delta);
+        k_cache/v_cache hold just these layers. A pipeline stage is one call (planner.real.stages)."""
+        H, D, T = self.num_heads, self.head_dim, x.shape[0]
+        for li in range(start, end):
+            layer = self.layers[li]
             h = rms_norm(x, layer.attn_norm, self.eps, residual=delta)
-            q, k, v = Rotary.apply(layer.qkv(h), cos, sin, H, Hkv, D)  # [T, heads, D]
-            attn = paged_attention(q, k, v, k_cache[li], v_cache[li], meta, self.scale)
+            q, k, v = Rotary.apply(layer.qkv(h), cos, sin, H, self.num_kv_heads, D)  # [T, heads, D]
+            attn = paged_attention(q, k, v, k_cache[li - start], v_cache[li - start], meta, self.scale)
             h = rms_norm(x, layer.ffn_norm, self.eps, residual=layer.o(attn.reshape(T, H * D)))
             delta = layer.down(silu_mul(layer.gate_up(h)))  # [T, hidden]
-        return self._head(x + delta, logits_indices, return_hidden)
+        return x, delta
 
     def _head(self, x: torch.Tensor, logits_indices: torch.Tensor, return_hidden: bool):
         h = rms_norm(x[logits_indices].contiguous(), self.norm, self.eps)  # [S, hidden]: only rows that sample

@@ -1,19 +1,26 @@
 """Per-stage latency and per-device memory of a model under a parallel configuration.
 
 A configuration splits a model into `pp` pipeline stages, each sharded `op` ways (intra-operator
-parallelism); the group uses pp * op devices. The analytic model (for models that cannot run here):
+parallelism); the group uses pp * op devices. Two sources fill the same StageCosts:
+
+Analytic (models that cannot run here, e.g. the AlpaServe table's V100 latencies):
 
   stage latency = (L / pp) / op * (1 + intra_overhead * (op - 1))  +  boundary_s  (if pp > 1)
   memory/device = W / (pp * op)
 
 with L the single-device latency and W the weight memory. `intra_overhead` stands for the
 all-reduces of sharded layers (each extra shard adds that fraction of the shard's compute), and
-`boundary_s` for sending activations to the next stage. The measured source (profiling the real
-model's layers on this machine) fills the same StageCosts from timings instead.
+`boundary_s` for sending activations to the next stage.
+
+Measured (`specserve profile`): the real model's layers timed on this machine; a pp split cuts the
+layers into contiguous stages with the slowest stage as fast as possible, and each stage boundary
+adds the measured time to send the activations between processes. Intra-op sharding is not
+measured (one CPU process per stage), so only op = 1 configurations are offered.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 
 from .models import ModelSpec
 
@@ -40,3 +47,100 @@ def analytic_costs(model: ModelSpec, pp: int, op: int, params: CostParams = Cost
     compute = model.latency_s / pp / op * (1 + params.intra_overhead * (op - 1))
     stage = compute + (params.boundary_s if pp > 1 else 0.0)
     return StageCosts([stage] * pp, model.memory_gb / (pp * op))
+
+
+class AnalyticCostModel:
+    def __init__(self, params: CostParams = CostParams()):
+        self.params = params
+
+    def supports(self, pp: int, op: int) -> bool:
+        return True
+
+    def costs(self, model: ModelSpec, pp: int, op: int) -> StageCosts:
+        return analytic_costs(model, pp, op, self.params)
+
+
+@dataclass
+class LayerProfile:
+    """What `specserve profile` measured for one model: seconds and bytes per layer, in order."""
+
+    model: str
+    layer_s: list[float]  # embedding, blocks..., final norm + head
+    layer_bytes: list[int]
+    boundary_s: float  # send + receive one stage's activations between two processes
+    tokens: int  # prompt length of the profiled request
+    device: str = "cpu"
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def latency_s(self) -> float:
+        return sum(self.layer_s)
+
+    def spec(self, name: str | None = None) -> ModelSpec:
+        return ModelSpec(name or self.model, sum(self.layer_bytes) / 1e9, self.latency_s)
+
+    def split(self, pp: int) -> list[tuple[int, int]]:
+        """Contiguous layer ranges [start, end) for pp stages minimising the slowest stage."""
+        n = len(self.layer_s)
+        if not 1 <= pp <= n:
+            raise ValueError(f"cannot split {n} profiled layers into {pp} stages")
+        prefix = [0.0]
+        for t in self.layer_s:
+            prefix.append(prefix[-1] + t)
+        # best[k][j]: min over splits of layers[:j] into k stages of the slowest stage (n is tiny: plain DP)
+        inf = float("inf")
+        best = [[inf] * (n + 1) for _ in range(pp + 1)]
+        cut = [[0] * (n + 1) for _ in range(pp + 1)]
+        best[0][0] = 0.0
+        for k in range(1, pp + 1):
+            for j in range(k, n + 1):
+                for i in range(k - 1, j):
+                    v = max(best[k - 1][i], prefix[j] - prefix[i])
+                    if v < best[k][j]:
+                        best[k][j], cut[k][j] = v, i
+        bounds, j = [], n
+        for k in range(pp, 0, -1):
+            bounds.append((cut[k][j], j))
+            j = cut[k][j]
+        return bounds[::-1]
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.__dict__, f, indent=2)
+
+    @classmethod
+    def load(cls, path: str) -> "LayerProfile":
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            return cls(**data)
+        except OSError as e:
+            raise ValueError(f"{path}: cannot read profile ({e.strerror})") from None
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"{path}: not a specserve profile ({e})") from None
+
+
+class MeasuredCostModel:
+    """Stage latencies from a LayerProfile; models named like the profile use it, others fall back."""
+
+    def __init__(self, profile: LayerProfile, fallback: AnalyticCostModel | None = None):
+        self.profile = profile
+        self.fallback = fallback
+
+    def supports(self, pp: int, op: int) -> bool:
+        return op == 1 and pp <= len(self.profile.layer_s)
+
+    def costs(self, model: ModelSpec, pp: int, op: int) -> StageCosts:
+        if model.name != self.profile.model:
+            if self.fallback is None:
+                raise ValueError(f"no profile for model {model.name!r} (profiled: {self.profile.model})")
+            return self.fallback.costs(model, pp, op)
+        if op != 1:
+            raise ValueError("the measured cost model has no intra-op sharding (op must be 1)")
+        stages = []
+        for k, (a, b) in enumerate(self.profile.split(pp)):
+            # each stage but the last also sends its activations on
+            send = self.profile.boundary_s if k < pp - 1 else 0.0
+            stages.append(sum(self.profile.layer_s[a:b]) + send)
+        mem = max(sum(self.profile.layer_bytes[a:b]) for a, b in self.profile.split(pp)) / 1e9
+        return StageCosts(stages, mem)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .cost_model import CostParams, analytic_costs
+from .cost_model import AnalyticCostModel
 from .models import Cluster, ModelSpec
 from .simulator import Group
 
@@ -21,12 +21,14 @@ class GroupPlan:
             raise ValueError(f"group of {len(self.devices)} devices cannot run pp={self.pp} x op={self.op}")
 
 
-def memory_used_gb(plan: GroupPlan, specs: dict[str, ModelSpec], params: CostParams = CostParams()) -> float:
-    return sum(analytic_costs(specs[m], plan.pp, plan.op, params).memory_per_device_gb for m in plan.models)
+def memory_used_gb(plan: GroupPlan, specs: dict[str, ModelSpec], costs=None) -> float:
+    costs = costs or AnalyticCostModel()
+    return sum(costs.costs(specs[m], plan.pp, plan.op).memory_per_device_gb for m in plan.models)
 
 
-def to_sim_groups(plans: list[GroupPlan], specs: dict[str, ModelSpec], cluster: Cluster,
-                  params: CostParams = CostParams()) -> list[Group]:
+def to_sim_groups(plans: list[GroupPlan], specs: dict[str, ModelSpec], cluster: Cluster, costs=None) -> list[Group]:
+    """costs: an AnalyticCostModel (default) or MeasuredCostModel."""
+    costs = costs or AnalyticCostModel()
     seen: set[int] = set()
     groups = []
     for plan in plans:
@@ -34,12 +36,12 @@ def to_sim_groups(plans: list[GroupPlan], specs: dict[str, ModelSpec], cluster: 
         if bad:
             raise ValueError(f"devices {bad} are used twice or are not in the {cluster.num_devices}-device cluster")
         seen.update(plan.devices)
-        used = memory_used_gb(plan, specs, params)
+        used = memory_used_gb(plan, specs, costs)
         if used > cluster.device_memory_gb + 1e-9:
             raise ValueError(f"placement does not fit: group {plan.devices} (pp={plan.pp}, op={plan.op}) needs "
                              f"{used:.1f} GB per device for {len(plan.models)} models; devices have "
                              f"{cluster.device_memory_gb:g} GB")
         groups.append(Group(list(plan.devices),
-                            {m: analytic_costs(specs[m], plan.pp, plan.op, params).stage_latency_s for m in plan.models},
+                            {m: costs.costs(specs[m], plan.pp, plan.op).stage_latency_s for m in plan.models},
                             pp=plan.pp, op=plan.op))
     return groups

@@ -54,3 +54,27 @@ def test_plan_prints_placement_and_writes_json(tmp_path):
 def test_plan_bad_input_is_one_line(args, msg):
     r = run("plan", *args)
     assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_plan_example_and_sweep_write_figures_and_json(tmp_path):
+    import json
+    r = run("plan", "example", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "two-models.json").read_text())["rows"]
+    assert [x["cv"] for x in rows] == [1, 2, 3, 4, 5, 6, 7, 8] and (tmp_path / "two-models.png").stat().st_size > 0
+    r = run("plan", "sweep", "--models", "bert-6.7b:4", "--cluster", "2x4:16GB", "--axes", "rate,cv",
+            "--requests", "300", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "| bert-6.7b:4 | rate |" in r.stdout and "| bert-6.7b:4 | cv |" in r.stdout
+    sweep = json.loads(next(tmp_path.glob("sweep-bert-6.7b:4-*.json")).read_text())
+    assert {row["axis"] for row in sweep["rows"]} == {"rate", "cv"} and next(tmp_path.glob("sweep-*.png"))
+
+
+@pytest.mark.parametrize("args,msg", [(["sweep", "--axes", "speed"], "unknown axes"),
+                                      (["sweep", "--models", "S1,S7"], "unknown model or set 's7'"),
+                                      (["replay", "--placements", "spread"], "unknown placement 'spread'"),
+                                      (["replay", "--workloads", "burst:3"], "expected KIND:key=value"),
+                                      (["--profile", "/no/profile.json"], "cannot read profile")])
+def test_plan_subcommands_bad_input_is_one_line(args, msg):
+    r = run("plan", *args)
+    assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -11,7 +11,7 @@ SLO = {m: 5 * BERT67.latency_s for m in SPECS}
 
 
 def test_partitions_are_power_of_two_groups_with_every_factorisation():
-    assert partitions(parse_cluster("1x4:16GB")) == [(1, 1, 1), (2, 1, 2), (2, 2, 1), (4, 1, 4), (4, 2, 2), (4, 4, 1)]
+    assert partitions(4) == [(1, 1, 1), (2, 1, 2), (2, 2, 1), (4, 1, 4), (4, 2, 2), (4, 4, 1)]
 
 
 def test_round_robin_one_model_per_device_when_only_one_fits():
@@ -35,3 +35,39 @@ def test_alpaserve_picks_the_shared_pipeline_when_bursty_and_beats_baselines():
 def test_unknown_policy():
     with pytest.raises(ValueError, match="unknown policy 'best'"):
         plan("best", SPECS, parse_cluster("1x2:16GB"), [], SLO)
+
+
+def test_buckets_cut_at_latency_jumps():
+    from specserve.planner.models import parse_models
+    from specserve.planner.search import buckets
+    specs = dict(parse_models("bert-1.3b:1,moe-1.3b:1,bert-6.7b:1,bert-104b:1"))
+    # latencies 0.150, 0.151, 0.395, 4.6 s
+    assert buckets(specs, 2.0) == [["moe-1.3b#0", "bert-1.3b#0"], ["bert-6.7b#0"], ["bert-104b#0"]]
+    assert buckets(specs, 3.0) == [["moe-1.3b#0", "bert-1.3b#0", "bert-6.7b#0"], ["bert-104b#0"]]
+
+
+def test_selective_replication_gives_a_too_big_model_its_smallest_pipeline():
+    from specserve.planner.models import parse_models
+    specs = dict(parse_models("bert-104b:1,bert-1.3b:2"))
+    slo = {m: 5 * s.latency_s for m, s in specs.items()}
+    reqs = multi_model(list(specs), 2.0, 1.0, 200, 0)
+    r = plan("selective-replication", specs, parse_cluster("4x8:16GB"), reqs, slo)
+    big = [g for g in r.groups if "bert-104b#0" in g.models]
+    assert len(big) == 1 and (len(big[0].devices), big[0].pp, big[0].op) == (16, 16, 1)
+    assert all(len(g.devices) == 1 for g in r.groups if g is not big[0])
+    assert r.slo_attainment > 0.99
+
+
+def test_alpaserve_beats_selective_replication_on_a_bursty_16_device_cluster():
+    from specserve.planner.models import parse_models
+    specs = dict(parse_models("bert-6.7b:8"))
+    slo = {m: 5 * s.latency_s for m, s in specs.items()}
+    reqs = multi_model(list(specs), 8.0, 4.0, 1000, 0)
+    cluster = parse_cluster("2x8:16GB")
+    alpa = plan("alpaserve", specs, cluster, reqs, slo)
+    sr = plan("selective-replication", specs, cluster, reqs, slo)
+    assert alpa.slo_attainment > sr.slo_attainment + 0.05
+    assert any(g.pp * g.op > 1 for g in alpa.groups)  # it got there by model parallelism
+    # every model is placed and every group fits its devices' memory
+    assert {m for g in alpa.groups for m in g.models} == set(specs)
+    assert sorted(d for g in alpa.groups for d in g.devices) == list(range(16))

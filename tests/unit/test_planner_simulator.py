@@ -57,3 +57,24 @@ def test_shortest_queue_dispatch_and_unserved_models():
 def test_unsorted_requests_are_an_error():
     with pytest.raises(ValueError, match="sorted"):
         simulate([Group([0], {"a": [1.0]})], reqs([1.0, 0.0]), slo={"a": 1.0})
+
+
+def test_scoring_one_added_replica_matches_simulating_it():
+    """The search scores 'this placement plus one replica' without building it; same event loop."""
+    from specserve.planner.simulator import Trace, run_trace, score_additions
+    rng = np.random.default_rng(0)
+    arrival = np.sort(rng.uniform(0, 20, 400))
+    model = rng.integers(0, 3, 400)
+    slo = np.array([1.0, 2.0, 1.5])
+    served = np.array([[True, False, False], [False, True, True], [False, False, False]])
+    lat = rng.uniform(0.05, 0.4, (3, 3, 2))
+    stages = np.array([2, 2, 2])
+    adds = [(0, 1), (2, 0), (2, 2), (1, 0)]
+    got = score_additions(arrival, model, slo, served, lat, stages, np.array([g for g, _ in adds]),
+                          np.array([m for _, m in adds]), np.stack([lat[g, m] for g, m in adds]))
+    for (g, m), score in zip(adds, got):
+        with_it = served.copy()
+        with_it[g, m] = True
+        finish, busy = np.empty(400), np.zeros((3, 2))
+        assert score == run_trace(arrival, model, slo, with_it, lat, stages, -1, -1, lat[0, 0], finish, busy)
+        assert 0 < score < 400
