@@ -100,6 +100,7 @@ def cmd_replay(args) -> int:
                    "sim_slo_attainment": sim.slo_attainment, "real_slo_attainment": real.slo_attainment,
                    "real_stage_compute_s": {str(d): float(np.median(v)) for d, v in real.stage_s.items() if len(v)},
                    "predicted_stage_s": costs.costs(prof.spec(), len(plans[0].devices), 1).stage_latency_s,
+                   "real_dispatch_lag_s": float(np.nanmean(real.sent - real.arrival)) if len(real.sent) else None,
                    "wall_s": time.perf_counter() - t0}
             if row["sim_mean_latency_s"] and row["real_mean_latency_s"]:
                 row["latency_error"] = row["sim_mean_latency_s"] / row["real_mean_latency_s"] - 1

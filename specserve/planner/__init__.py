@@ -1,4 +1,11 @@
-"""Multi-model serving planner (AlpaServe): cost model, workloads, discrete-event simulator, placement.
+"""Multi-model serving planner (AlpaServe, Li et al. OSDI 2023).
 
-Plain Python + numpy (no torch), except the real-execution runner. Work in progress (issue 3).
+  models.py      the model table (V100 latencies, weight sizes), sets S1-S4, cluster specs
+  workload.py    seeded Poisson / Gamma(rate, CV) arrivals, CSV trace replay
+  cost_model.py  stage latency and memory per (pp, op): analytic, or measured (`specserve profile`)
+  simulator.py   the discrete-event simulator (a numba event loop)
+  placement.py   groups with a parallel configuration and their models; memory checks
+  search.py      AlpaServe's placement search; selective replication and round-robin baselines
+  sweep.py       attainment vs rate / CV / SLO scale / devices; the two-model example
+  real/          the only torch part: profiling, pipeline stages on torch.distributed processes
 """
