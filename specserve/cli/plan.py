@@ -102,7 +102,7 @@ def cmd_plan(args) -> int:
     specs = dict(instances)
     need = sum(s.memory_gb for s in specs.values())
     if need > cluster.num_devices * cluster.device_memory_gb:
-        print(f"note: the models need {need:g} GB, the cluster has {cluster.num_devices * cluster.device_memory_gb:g} "
+        print(f"note: the models need {need:.4g} GB, the cluster has {cluster.num_devices * cluster.device_memory_gb:.4g} "
               f"GB: some cannot be placed and their requests fail")
     requests = parse_workload(args.workload, list(specs), args.duration, args.seed)
     slo = {m: args.slo_scale * s.latency_s for m, s in specs.items()}

@@ -1,5 +1,10 @@
 """`specserve profile` and `specserve plan replay`: the measured cost model, and real processes
-serving placements of the embedded model checked against the simulator's prediction."""
+serving placements of the embedded model checked against the simulator's prediction.
+
+replay starts its processes itself (torch.multiprocessing), or runs under torchrun, one process per
+rank, here or across machines:
+  torchrun --nproc-per-node 3 -m specserve.cli.main plan replay --placements pipeline --workloads poisson:rate=2
+"""
 from __future__ import annotations
 
 import json
@@ -72,7 +77,13 @@ def cmd_replay(args) -> int:
         if w.startswith("trace:"):
             raise ValueError("replay takes gamma:/poisson: workloads (two models a and b)")
         parse_workload(w, ["a", "b"], 1.0, 0)
+    from ..planner.real.launch import torchrun_rank
+    launched = torchrun_rank()
+    if launched and (len(names) != 1 or len(workloads) != 1):
+        raise ValueError("under torchrun, replay runs one placement and one workload (one process group)")
     if not os.path.exists(args.profile):
+        if launched:
+            raise ValueError(f"{args.profile}: no profile; run `specserve profile` before torchrun")
         from ..planner.real.profile import profile_model
         print(f"{args.profile}: not there, profiling the embedded model first")
         os.makedirs(os.path.dirname(args.profile) or ".", exist_ok=True)
@@ -92,6 +103,8 @@ def cmd_replay(args) -> int:
             sim = simulate(to_sim_groups(plans, specs, cluster, costs), trace, slo)
             t0 = time.perf_counter()
             real = run_placement(plans, trace, slo, prof, seed=args.seed)
+            if real is None:
+                return 0  # a stage process under torchrun: rank 0 reports
             row = {"workload": w, "placement": name, "requests": len(trace),
                    "sim_mean_latency_s": float(sim.latencies.mean()) if len(sim.latencies) else None,
                    "real_mean_latency_s": float(real.latencies.mean()) if len(real.latencies) else None,

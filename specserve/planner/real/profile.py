@@ -15,7 +15,7 @@ import time
 import torch
 
 from ..cost_model import LayerProfile
-from .launch import free_port, spawn
+from .launch import free_port, join, spawn
 from .stages import PipelineStage, load_model, num_units
 
 
@@ -44,10 +44,9 @@ def _unit_bytes(model) -> list[int]:
     return [table] + layers + [table + nbytes(model.norm)]
 
 
-def _pingpong(rank: int, port: int, shape, reps: int, out):
+def _pingpong(rank: int, port: int, shape, reps: int):
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    torch.set_num_threads(1)
+    join(rank, port, 2)
     buf = torch.zeros(shape)
     times = []
     for i in range(reps + 5):
@@ -60,9 +59,8 @@ def _pingpong(rank: int, port: int, shape, reps: int, out):
             dist.send(buf, 0)
         if i >= 5:
             times.append(time.perf_counter() - t0)
-    if rank == 0:
-        out.put(statistics.median(times) / 2)
     dist.destroy_process_group()
+    return statistics.median(times) / 2
 
 
 def measure_boundary(shape, reps: int = 50) -> float:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from ..cost_model import LayerProfile, MeasuredCostModel
 from ..models import ModelSpec
 from ..placement import GroupPlan
 from ..simulator import Trace
-from .launch import free_port, spawn
+from .launch import free_port, join, spawn, torchrun_rank
 from .stages import PipelineStage, load_model
 
 STOP = -1
@@ -52,13 +53,8 @@ class RealResult:
         return float(np.mean(np.nan_to_num(lat, nan=np.inf) <= self.slo)) if len(lat) else 1.0
 
 
-def _join(rank: int, port: int, world: int) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-
-
-def _worker(rank, port, world, groups, profile, model_path, queue):
-    _join(rank, port, world)
+def _worker(rank, port, world, groups, profile, model_path):
+    join(rank, port, world)
     device = rank - 1
     gi = next(i for i, g in enumerate(groups) if device in g.devices)
     g = groups[gi]
@@ -94,11 +90,11 @@ def _worker(rank, port, world, groups, profile, model_path, queue):
             in_flight = ([dist.isend(h, nxt), dist.isend(out, nxt)], (h, out))
     dist.barrier()
     dist.destroy_process_group()
-    queue.put(("stage", device, compute))
+    return compute
 
 
-def _controller(rank, port, world, groups, profile, trace, slo, prompt, queue):
-    _join(rank, port, world)
+def _controller(rank, port, world, groups, profile, trace, slo, prompt):
+    join(rank, port, world)
     costs = MeasuredCostModel(profile)
     spec = profile.spec()
     stage_lat = [costs.costs(spec, len(g.devices), 1).stage_latency_s for g in groups]
@@ -169,19 +165,20 @@ def _controller(rank, port, world, groups, profile, trace, slo, prompt, queue):
     receiver.join()
     dist.barrier()
     dist.destroy_process_group()
-    queue.put(("controller", finish, tokens, sent))
+    return finish, tokens, sent
 
 
-def _role(rank, port, world, groups, profile, model_path, trace, slo, prompt, queue):
+def _role(rank, port, world, groups, profile, model_path, trace, slo, prompt):
     if rank == 0:
-        _controller(rank, port, world, groups, profile, trace, slo, prompt, queue)
-    else:
-        _worker(rank, port, world, groups, profile, model_path, queue)
+        return _controller(rank, port, world, groups, profile, trace, slo, prompt)
+    return _worker(rank, port, world, groups, profile, model_path)
 
 
 def run_placement(groups: list[GroupPlan], trace: Trace, slo: dict[str, float], profile: LayerProfile,
-                  model_path=None, seed: int = 0) -> RealResult:
-    """Serve `groups` (devices numbered from 0, op = 1) on len(devices) + 1 processes and replay `trace`."""
+                  model_path=None, seed: int = 0) -> Optional[RealResult]:
+    """Serve `groups` (devices numbered from 0, op = 1) on len(devices) + 1 processes and replay `trace`.
+    Started by torchrun (world size = devices + 1), this process plays its own rank and only rank 0
+    gets the result; otherwise it starts the processes itself."""
     devices = sorted(d for g in groups for d in g.devices)
     if devices != list(range(len(devices))):
         raise ValueError(f"devices must be numbered 0..{len(devices) - 1} once each, got {devices}")
@@ -189,12 +186,25 @@ def run_placement(groups: list[GroupPlan], trace: Trace, slo: dict[str, float], 
     if bad:
         raise ValueError(f"real execution runs pipelines only (op = 1, pp = devices): group {bad[0].devices} has "
                          f"pp={bad[0].pp}, op={bad[0].op}")
+    world = len(devices) + 1
     slo_arr = np.asarray([slo[m] for m in trace.models])
     prompt = torch.randint(0, 1000, (profile.tokens,), generator=torch.Generator().manual_seed(seed))
-    out = spawn(_role, len(devices) + 1, free_port(), len(devices) + 1, groups, profile, model_path,
-                trace, slo_arr, prompt)
-    (_, finish, tokens, sent), = [o for o in out if o[0] == "controller"]
-    stage_s = {o[1]: np.asarray(o[2]) for o in out if o[0] == "stage"}
+    args = (world, groups, profile, model_path, trace, slo_arr, prompt)
+    launched = torchrun_rank()
+    if launched is not None:
+        rank, size = launched
+        if size != world:
+            raise ValueError(f"this placement needs {world} processes (a controller + {len(devices)} devices), "
+                             f"torchrun started {size}")
+        out = _role(rank, None, *args)
+        if rank != 0:
+            return None
+        stage_s = {}  # the controller does not see the stages' timings under torchrun
+    else:
+        outs = spawn(_role, world, free_port(), *args)
+        out = outs[0]
+        stage_s = {rank - 1: np.asarray(v) for rank, v in enumerate(outs) if rank > 0}
+    finish, tokens, sent = out
     return RealResult(finish, trace.arrival.copy(), slo_arr[trace.model], tokens, stage_s, sent)
 
 
