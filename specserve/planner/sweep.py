@@ -64,6 +64,8 @@ def _points(cfg: SweepConfig, cluster: Cluster) -> dict[str, list[SweepPoint]]:
 def run_point(cfg: SweepConfig, cluster: Cluster, point: SweepPoint, policy: str) -> dict:
     specs = dict(parse_models(cfg.models))
     per_node = cluster.devices_per_node
+    if point.num_devices > per_node and point.num_devices % per_node:
+        raise ValueError(f"{point.num_devices} devices is not a whole number of {per_node}-device nodes")
     sub = Cluster(max(1, point.num_devices // per_node), min(per_node, point.num_devices), cluster.device_memory_gb)
     duration = cfg.requests / point.rate
     trace = Trace.from_requests(multi_model(list(specs), point.rate, point.cv, duration, cfg.seed), list(specs))
