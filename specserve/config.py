@@ -41,7 +41,7 @@ class SchedulerConfig:
     max_model_len: Optional[int] = None  # None: the model's context length
 
 
-SPEC_METHODS = ("draft", "lookup")
+SPEC_METHODS = ("draft", "lookup", "lookup+draft")
 SPEC_POLICIES = ("bass", "fixed", "threshold")
 SPEC_ATTENTION = ("auto", "split", "pad")
 
@@ -50,7 +50,9 @@ SPEC_ATTENTION = ("auto", "split", "pad")
 class SpeculativeConfig:
     """Speculative decoding. LLM(speculative={...}) takes these fields as a dict."""
 
-    method: str = "draft"  # "draft": a draft model (EAGLE dir or any model with the target's tokenizer); "lookup": prompt lookup
+    # "draft": a draft model (EAGLE dir or any model with the target's tokenizer); "lookup": prompt
+    # lookup; "lookup+draft": prompt lookup where the sequence repeats itself, the draft model elsewhere
+    method: str = "draft"
     draft_model: Optional[str] = None  # None: the draft shipped for the embedded model
     draft_len: Union[str, int] = "auto"  # K: fixed k / BASS l0 / threshold limit; "auto": the policy's default
     policy: str = "bass"  # "bass" (Algorithm 1), "fixed", "threshold"

@@ -43,8 +43,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     """Flags of SpeculativeConfig (config.py), one to one."""
-    p.add_argument("--speculative", choices=["draft", "lookup", "none"], default=default,
-                   help="speculative decoding: a draft model (default: the shipped EAGLE draft), prompt lookup, or none")
+    p.add_argument("--speculative", choices=["draft", "lookup", "lookup+draft", "none"], default=default,
+                   help="speculative decoding: a draft model (default: the shipped EAGLE draft), prompt lookup, "
+                        "lookup where the text repeats and the draft model elsewhere, or none")
     p.add_argument("--draft-model", type=_model_path, default=None, help="an EAGLE draft dir or a model with the target's tokenizer")
     p.add_argument("--draft-len", default="auto", help="auto, or K: fixed k / BASS l0 / threshold limit")
     p.add_argument("--policy", choices=["bass", "fixed", "threshold"], default="bass", help="draft-length policy")
@@ -175,7 +176,7 @@ def main(argv=None) -> int:
         if args.command == "bench" and args.bench == "spec":
             from ..bench.spec import run_spec_bench
             if args.speculative == "none":
-                raise ValueError("bench spec compares speculative decoding with regular decoding; pick --speculative draft|lookup")
+                raise ValueError("bench spec compares speculative decoding with regular decoding; pick --speculative draft|lookup|lookup+draft")
             run_spec_bench(args)
             return 0
         if args.command == "bench" and args.bench == "decode":

@@ -29,8 +29,14 @@ def build_drafter(spec: SpeculativeConfig, target, tokenizer, target_path: str, 
     path = spec.draft_model or default_draft_path(target_path)
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")) and \
             os.path.exists(os.path.join(path, "model.safetensors")) and _is_eagle(path):
-        return _eagle(path, attention, target, tokenizer, num_blocks, block_size)
-    return _draft_model(path, attention, target, tokenizer, num_blocks, block_size)
+        model = _eagle(path, attention, target, tokenizer, num_blocks, block_size)
+    else:
+        model = _draft_model(path, attention, target, tokenizer, num_blocks, block_size)
+    if spec.method == "lookup+draft":
+        from .lookup_first import LookupFirstDrafter
+        from .prompt_lookup import PromptLookupDrafter
+        return LookupFirstDrafter(PromptLookupDrafter(spec.lookup_max_ngram, min_ngram=2), model)
+    return model
 
 
 def _is_eagle(path: str) -> bool:

@@ -249,13 +249,15 @@ class SpeculativeDecoder:
             else:
                 p = torch.zeros(len(group), K + 1, V, device=dev)
                 draft_probs = [self._drafts[requests[i].request_id].probs for i in group]
-                if any(d is None for d in draft_probs) and not all(d is None for d in draft_probs):
-                    raise RuntimeError("a batch mixes drafts with and without draft probabilities")
-                q = None if draft_probs[0] is None else torch.zeros(len(group), K, V, device=dev)
+                # None: a deterministic draft, q = one-hot (all None: rejection_sample takes q = None)
+                q = None if all(d is None for d in draft_probs) else torch.zeros(len(group), K, V, device=dev)
                 for row, i in enumerate(group):
                     p[row, :len(logits[i])] = warp_logits(logits[i], requests[i].params)
-                    if q is not None:
+                    if q is not None and draft_probs[row] is not None:
                         q[row, :len(draft_probs[row])] = draft_probs[row]
+                    elif q is not None:
+                        n = len(requests[i].draft_token_ids)
+                        q[row, torch.arange(n, device=dev), tokens[row, :n]] = 1.0
                 n_acc, nxt = rejection_sample(p, q, tokens, num, [generators[i] for i in group])
             for row, i in enumerate(group):
                 a = int(n_acc[row])

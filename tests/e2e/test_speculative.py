@@ -26,6 +26,7 @@ CONFIGS = {
     "eagle-threshold": dict(method="draft", policy="threshold"),
     "lookup-bass": dict(method="lookup", policy="bass"),
     "lookup-fixed-pad": dict(method="lookup", policy="fixed", draft_len=4, attention="pad"),
+    "lookup+draft-bass": dict(method="lookup+draft", policy="bass"),
 }
 
 
@@ -61,7 +62,7 @@ def test_draft_model_drafter_with_the_target_as_its_own_draft_accepts_everything
         assert llm.generate(p, GREEDY)[0].outputs[0].token_ids == ref
 
 
-@pytest.mark.parametrize("method", ["draft", "lookup"])
+@pytest.mark.parametrize("method", ["draft", "lookup", "lookup+draft"])  # the last mixes q = one-hot and q = probs
 def test_seeded_sampling_repeats(method):
     llm = LLM(speculative=dict(method=method, fallback=False), kv_cache_gib=0.25)
     params = SamplingParams(temperature=0.8, top_p=0.95, seed=5, max_tokens=40, ignore_eos=True)

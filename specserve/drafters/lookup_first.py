@@ -1,0 +1,42 @@
+"""Prompt lookup first, a draft model elsewhere.
+
+Where a sequence repeats itself (code re-using its own names and lines, quoted context) prompt
+lookup drafts for free and is accepted more often than the small draft model (on HumanEval with the
+embedded model: alpha ~0.78 vs ~0.6, measured by `specserve bench spec`); where it finds no match,
+the draft model proposes. Lookup here wants a match of at least 2 tokens: a one-token match is weak
+evidence, and the draft model does better there (batch 1: 2.47 vs 2.29 tokens per target step).
+The model drafter still observes every step, so its state stays in line
+with the target's and it picks up where lookup left off (with a catch-up pass over what it missed).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..types import Request
+from .base import Draft, Drafter
+from .prompt_lookup import PromptLookupDrafter
+
+
+class LookupFirstDrafter(Drafter):
+    def __init__(self, lookup: PromptLookupDrafter, model: Drafter):
+        self.lookup, self.model = lookup, model
+        self.wants_hidden_states = model.wants_hidden_states
+
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> list[Draft]:
+        drafts = self.lookup.propose(requests, max_len, min_confidence)
+        missing = [i for i, d in enumerate(drafts) if not d.tokens]
+        self.last_catchup_rows = 0
+        if missing:
+            for i, d in zip(missing, self.model.propose([requests[i] for i in missing], max_len, min_confidence)):
+                drafts[i] = d
+            self.last_catchup_rows = self.model.last_catchup_rows
+        return drafts
+
+    def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:
+        self.model.observe(request, start, hidden, num_accepted)
+
+    def release(self, request: Request) -> None:
+        self.model.release(request)
+
+    def fork(self, parent: Request, child: Request) -> None:
+        self.model.fork(parent, child)
