@@ -137,10 +137,9 @@ class MeasuredCostModel:
             return self.fallback.costs(model, pp, op)
         if op != 1:
             raise ValueError("the measured cost model has no intra-op sharding (op must be 1)")
-        stages = []
-        for k, (a, b) in enumerate(self.profile.split(pp)):
-            # each stage but the last also sends its activations on
-            send = self.profile.boundary_s if k < pp - 1 else 0.0
-            stages.append(sum(self.profile.layer_s[a:b]) + send)
-        mem = max(sum(self.profile.layer_bytes[a:b]) for a, b in self.profile.split(pp)) / 1e9
+        bounds = self.profile.split(pp)
+        # each stage but the last also sends its activations on
+        stages = [sum(self.profile.layer_s[a:b]) + (self.profile.boundary_s if k < pp - 1 else 0.0)
+                  for k, (a, b) in enumerate(bounds)]
+        mem = max(sum(self.profile.layer_bytes[a:b]) for a, b in bounds) / 1e9
         return StageCosts(stages, mem)
