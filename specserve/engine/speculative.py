@@ -14,7 +14,7 @@ Each step, for the requests that are decoding:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
