@@ -11,6 +11,7 @@ HELP = {
     "model": "target model (default: the embedded SmolLM2-135M)",
     "corpus_tokens": "stdlib tokens to use (0: all)",
     "generate": "function prompts the target continues greedily, as self-distillation data",
+    "gen_private": "also continue _private functions' prompts (more self-distillation data)",
     "draft_vocab": "tokens in the draft's reduced LM head",
     "device": "cpu or cuda[:N]",
     "time_limit_s": "stop early after this many seconds, still writing the draft",
@@ -19,8 +20,12 @@ HELP = {
 
 def add_train_draft_args(p: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(DistillConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if str(f.type) == "bool":
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=HELP.get(f.name))
+            continue
         kind = {"int": int, "float": float}.get(str(f.type), str)
-        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, help=HELP.get(f.name))
+        p.add_argument(flag, type=kind, default=f.default, help=HELP.get(f.name))
 
 
 def cmd_train_draft(args) -> int:

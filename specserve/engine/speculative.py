@@ -176,6 +176,9 @@ class SpeculativeDecoder:
     def propose(self, running: list[Request]) -> None:
         decoding = [r for r in running if r.status == RequestStatus.RUNNING and r.num_tokens - r.num_computed_tokens == 1]
         shared = [r for r in decoding if not self._seeded(r)]
+        # Seeded requests with the same length (and threshold) draft together: one draft pass each
+        # step for the lot, not one per request (a request's draws come from its own generator).
+        same_len: dict[tuple, list[Request]] = {}
         for r in decoding:
             if self._seeded(r):
                 policy = self.own_policies.setdefault(r.request_id, self.make_policy())
@@ -184,7 +187,9 @@ class SpeculativeDecoder:
                     k = self.costs.best_len(len(decoding), k, alpha=_own_alpha(r), calibrated_only=True)
                     k = policy.draft_len() if k is None else k
                 if k:
-                    self._draft([r], k, policy.min_confidence)
+                    same_len.setdefault((k, policy.min_confidence), []).append(r)
+        for (k, min_confidence), group in same_len.items():
+            self._draft(group, k, min_confidence)
         if not shared:
             return
         k = self.policy.draft_len()

@@ -53,9 +53,10 @@ def build_corpus(tokenizer, max_tokens: int = 0, progress=None) -> np.ndarray:
     return tokens[:max_tokens] if max_tokens else tokens
 
 
-def function_prompts(max_prompts: int, seed: int = 0, max_chars: int = 1200) -> list[str]:
+def function_prompts(max_prompts: int, seed: int = 0, max_chars: int = 1200, private: bool = False) -> list[str]:
     """Code-completion prompts shaped like HumanEval's (a function's signature and docstring), cut from
-    stdlib functions that have a docstring. The target's continuations become self-distillation data."""
+    stdlib functions that have a docstring (public ones; with `private`, _single-underscore ones too).
+    The target's continuations become self-distillation data."""
     prompts = []
     for path in stdlib_files():
         src = _read(path)
@@ -70,7 +71,7 @@ def function_prompts(max_prompts: int, seed: int = 0, max_chars: int = 1200) -> 
             doc = node.body[0]
             if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
                 continue
-            if len(node.body) < 2 or node.name.startswith("_"):
+            if len(node.body) < 2 or node.name.startswith("__" if private else "_"):
                 continue
             # Methods are dedented into plain functions, as HumanEval's prompts are.
             text = textwrap.dedent("".join(lines[node.lineno - 1 - len(node.decorator_list):doc.end_lineno]))

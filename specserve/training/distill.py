@@ -40,6 +40,7 @@ class DistillConfig:
     corpus_tokens: int = 0  # stdlib tokens to use; 0: all of them
     generate: int = 0  # function prompts the target continues greedily (self-distillation data)
     gen_tokens: int = 128
+    gen_private: bool = False  # prompts from _private functions too (about 20% more)
     draft_vocab: int = 8192  # size of the draft's reduced LM head (most frequent tokens of the data)
     init_layer: int = -1  # target layer the draft's decoder layer starts from (-1: the last)
     init_from: Optional[str] = None  # continue from an existing draft directory (its vocabulary is kept)
@@ -66,7 +67,7 @@ def _data(cfg: DistillConfig, tokenizer, log) -> tuple[np.ndarray, int]:
         np.save(corpus_file, build_corpus(tokenizer, cfg.corpus_tokens, progress=tqdm))
     parts = [np.load(corpus_file)]
     if cfg.generate:
-        gen_file = os.path.join(cfg.out, f"generations-{cfg.generate}x{cfg.gen_tokens}.npy")
+        gen_file = os.path.join(cfg.out, f"generations-{cfg.generate}x{cfg.gen_tokens}{'-private' if cfg.gen_private else ''}.npy")
         if not os.path.exists(gen_file):
             np.save(gen_file, _generate(cfg, tokenizer, log))
         parts.append(np.load(gen_file))
@@ -77,10 +78,12 @@ def _data(cfg: DistillConfig, tokenizer, log) -> tuple[np.ndarray, int]:
 def _generate(cfg: DistillConfig, tokenizer, log) -> np.ndarray:
     from ..engine.llm import LLM
     from ..types import SamplingParams
-    prompts = function_prompts(cfg.generate, cfg.seed)
+    prompts = function_prompts(cfg.generate, cfg.seed, private=cfg.gen_private)
     log(f"generating {cfg.gen_tokens} tokens for each of {len(prompts)} function prompts with the target")
-    llm = LLM(cfg.model, device=cfg.device, max_num_seqs=256, max_num_batched_tokens=8192,
-              kv_cache_gib=8.0 if cfg.device.startswith("cuda") else 1.0)
+    # On a GPU a step costs about the same for 1 or 1,024 sequences (launch-bound): batch wide.
+    gpu = cfg.device.startswith("cuda")
+    llm = LLM(cfg.model, device=cfg.device, max_num_seqs=1024 if gpu else 64, max_num_batched_tokens=16384 if gpu else 4096,
+              kv_cache_gib=24.0 if gpu else 1.0)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=cfg.gen_tokens), use_tqdm=True)
     eos = tokenizer.eos_token_ids[:1]
     return np.concatenate([np.asarray(o.prompt_token_ids + o.outputs[0].token_ids + eos, dtype=np.uint16) for o in outs])
@@ -133,6 +136,17 @@ def _losses(net: EagleNet, target: DenseTarget, ids: torch.Tensor, vocab_ids: to
     return cls + cfg.w_reg * reg, reg.detach(), cls.detach(), acc.detach()
 
 
+def _evaluate(net: EagleNet, target: DenseTarget, batches: _Batches, held_out: tuple[int, int],
+              vocab_ids: torch.Tensor, cfg: DistillConfig) -> tuple[float, float]:
+    """(top-1 agreement, classification loss) on the held-out batches (the same ones every call)."""
+    net.eval()
+    with torch.no_grad():
+        evals = [_losses(net, target, batches.get(10**9 + i, [(*held_out, 1.0)]), vocab_ids, cfg, 0.0)
+                 for i in range(cfg.eval_batches)]
+    net.train()
+    return round(float(np.mean([float(e[3]) for e in evals])), 4), round(float(np.mean([float(e[2]) for e in evals])), 4)
+
+
 def train_draft(cfg: DistillConfig, log=print) -> dict:
     """Train (or resume) and write the draft to cfg.out/draft. Returns the final metrics."""
     torch.manual_seed(cfg.seed)
@@ -174,6 +188,8 @@ def train_draft(cfg: DistillConfig, log=print) -> dict:
     vocab_ids = torch.tensor(vocab, device=device)
     batches = _Batches(data, cfg, device)
     gen = torch.Generator(device=device)
+    evaluate = lambda: _evaluate(net, target, batches, (eval_lo, len(data)), vocab_ids, cfg)
+    before = evaluate() if cfg.init_from and step == 0 else None  # the starting draft on the same held-out data
     bar = tqdm(total=cfg.steps, initial=step, desc="train-draft", unit="step")
     t0 = time.perf_counter()
     net.train()
@@ -201,14 +217,12 @@ def train_draft(cfg: DistillConfig, log=print) -> dict:
                         "config": _resumable(cfg)}, tmp)
             os.replace(tmp, ckpt)
     bar.close()
-    net.eval()
-    with torch.no_grad():
-        evals = [_losses(net, target, batches.get(10**9 + i, [(eval_lo, len(data), 1.0)]), vocab_ids, cfg, 0.0)
-                 for i in range(cfg.eval_batches)]
+    agreement, cls_loss = evaluate()
     metrics = {"steps": step, "train_seconds_this_run": round(time.perf_counter() - t0, 1),
-               "eval_top1_agreement": round(float(np.mean([float(e[3]) for e in evals])), 4),
-               "eval_cls_loss": round(float(np.mean([float(e[2]) for e in evals])), 4),
+               "eval_top1_agreement": agreement, "eval_cls_loss": cls_loss,
                "draft_vocab_coverage": round(coverage, 4), "data_tokens": int(len(data))}
+    if before:
+        metrics["eval_top1_agreement_before"], metrics["eval_cls_loss_before"] = before
     net.cfg.training = {"config": asdict(cfg), "metrics": metrics,
                         "earlier": EagleNet.load(cfg.init_from).cfg.training if cfg.init_from else None}
     net.save(os.path.join(cfg.out, "draft"))
