@@ -172,7 +172,8 @@ def run_spec_bench(args) -> dict:
     spec = LLM(**common, speculative=spec_cfg)
     for llm in (rd, spec):  # warm up (first calls allocate and page in)
         llm.generate(problems[0]["prompt"], SamplingParams(temperature=0, max_tokens=8))
-    rounds = lambda b: max(1, args.sequences // b)
+    # At least min_rounds batches per size: one or two batches of 16 measure this VM's drift, not the engine.
+    rounds = lambda b: max(args.min_rounds, args.sequences // b)
     ablations = ABLATIONS if args.ablations else {}
     total = sum(rounds(b) for b in batch_sizes) * len(settings) + len(ablations) * rounds(args.ablation_batch) \
         + (2 * len(problems) if args.pass_at_1 else 0)

@@ -152,7 +152,7 @@ DRAFT_COST_GUESS = 0.1  # draft step / target step, for decisions that must not 
 
 class SpeculativeDecoder:
     def __init__(self, drafter: Drafter, make_policy: Callable[[], DraftLengthPolicy], fallback: bool = True,
-                 retry_every: int = 32, prior_alpha: float = 0.5):
+                 retry_every: int = 16, prior_alpha: float = 0.5):
         self.drafter, self.make_policy, self.fallback = drafter, make_policy, fallback
         self.policy = make_policy()  # shared by the batch, as BASS adapts one length for all
         # A seeded sampled request gets a policy of its own, and its fallback looks only at its own
@@ -163,7 +163,9 @@ class SpeculativeDecoder:
         # A weak prior (2 pseudo-tokens) so the first steps already weigh drafting against plain decoding.
         self.costs.alpha_num, self.costs.alpha_den = 2 * prior_alpha, 2.0
         self.stats = SpecStats()
-        self.retry_every = retry_every  # after this many plain steps in a row, probe the acceptance
+        # After this many plain steps in a row, probe the acceptance (one extra row: ~2% of a batch-1 run
+        # at worst, and a dip in the estimate does not leave drafting off for long).
+        self.retry_every = retry_every
         self._since_spec = 0
         self._probe_turn = 0
         self._drafts: dict[str, Draft] = {}

@@ -78,3 +78,19 @@ def test_plan_example_and_sweep_write_figures_and_json(tmp_path):
 def test_plan_subcommands_bad_input_is_one_line(args, msg):
     r = run("plan", *args)
     assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bench_spec_writes_tables_json_and_plot(tmp_path):
+    import json
+    r = run("bench", "spec", "--batch-sizes", "1,2", "--settings", "greedy", "--sequences", "2", "--min-rounds", "1",
+            "--max-tokens", "12", "--no-ablations", "--no-pass-at-1", "--no-peers", "--speculative", "lookup+draft",
+            "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    [js] = list(tmp_path.glob("spec-cpu-*.json"))
+    res = json.loads(js.read_text())
+    rows = res["tables"]["greedy"]
+    assert [t["batch"] for t in rows] == [1, 2] and [t["rounds"] for t in rows] == [2, 1]
+    assert all(t["identical_to_rd"] for t in rows)  # greedy speculative == greedy RD, token for token
+    assert all(t["rd"]["all_ms"] > 0 and t["spec"]["all_ms"] > 0 for t in rows)
+    assert res["hardware"]["floor_ms_per_token"] > 0
+    assert list(tmp_path.glob("spec-cpu-*.md")) and list(tmp_path.glob("spec-cpu-*.png"))

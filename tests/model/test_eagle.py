@@ -87,3 +87,24 @@ def test_train_draft_resumes_to_the_same_weights(tiny_dir, tmp_path, monkeypatch
     assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ValueError, match="other settings"):
         train_draft(DistillConfig(out=str(tmp_path / "resumed"), **{**common, "lr": 0.5}), log=lambda *_: None)
+
+
+def test_continued_training_reports_the_starting_draft_on_the_same_data(tiny_dir, tmp_path):
+    common = dict(model=tiny_dir, corpus_tokens=6000, batch_size=2, seq_len=32, checkpoint_every=100,
+                  eval_batches=2, warmup=1, draft_vocab=64)
+    train_draft(DistillConfig(out=str(tmp_path / "first"), steps=3, **common), log=lambda *_: None)
+    # lr 0: the weights stay, so the held-out numbers before and after must agree exactly
+    m = train_draft(DistillConfig(out=str(tmp_path / "again"), steps=2, lr=0.0, init_from=str(tmp_path / "first" / "draft"),
+                                  **common), log=lambda *_: None)
+    assert m["eval_top1_agreement_before"] == m["eval_top1_agreement"]
+    assert m["eval_cls_loss_before"] == m["eval_cls_loss"]
+
+
+def test_function_prompts_private_adds_single_underscore_functions():
+    from specserve.training.corpus import function_prompts
+    public, more = function_prompts(10**6), function_prompts(10**6, private=True)
+    assert set(public) < set(more)
+    names = lambda ps: {p.split("def ", 1)[1].split("(", 1)[0] for p in ps if "def " in p}
+    assert not any(n.startswith("_") for n in names(public))
+    extra = names(set(more) - set(public))
+    assert extra and all(n.startswith("_") and not n.startswith("__") for n in extra)

@@ -74,3 +74,31 @@ def test_prompt_lookup_copies_what_followed_the_last_ngram():
     assert d.tokens == [7, 8, 1] and d.probs is None  # the most recent earlier match of [1, 2, 3]
     r2 = Request("1", [5, 6, 7], SamplingParams())
     assert PromptLookupDrafter().propose([r2], 4)[0].tokens == []
+
+
+def test_seeded_requests_with_the_same_length_draft_in_one_pass():
+    """Seeded sampled requests keep their own policies, but those with the same draft length share one
+    drafter call per step (one per request was a draft pass per request per token: slow on a GPU)."""
+    from specserve.drafters.base import Draft, Drafter
+    from specserve.engine.speculative import SpeculativeDecoder
+    from specserve.types import Request, RequestStatus, SamplingParams
+
+    class Recorder(Drafter):
+        def __init__(self):
+            self.calls = []
+
+        def propose(self, requests, max_len, min_confidence=None):
+            self.calls.append(([r.request_id for r in requests], max_len))
+            return [Draft([1] * max_len, None, [1.0] * max_len) for _ in requests]
+
+    def decoding(rid, seed, temperature):
+        r = Request(rid, [5, 6, 7], SamplingParams(temperature=temperature, max_tokens=8), seed=seed)
+        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 2  # one token left to compute: decoding
+        return r
+
+    drafter = Recorder()
+    spec = SpeculativeDecoder(drafter, lambda: make_policy("fixed", 3), fallback=False)
+    reqs = [decoding("a", 1, 0.8), decoding("b", 2, 0.8), decoding("c", 3, 0.8), decoding("g", None, 0.0)]
+    spec.propose(reqs)
+    assert sorted(drafter.calls) == [(["a", "b", "c"], 3), (["g"], 3)]
+    assert all(r.draft_token_ids == [1, 1, 1] for r in reqs)
