@@ -1,8 +1,6 @@
 """Turns a scheduled step into one flat ragged batch, runs the model, returns the logits to sample."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ..attention.paged import AttentionMetadata

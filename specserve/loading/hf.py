@@ -6,7 +6,6 @@ import json
 import os
 import re
 
-import torch
 from safetensors import safe_open
 
 from .tokenizer import Tokenizer

@@ -37,7 +37,7 @@ class DenseTarget:
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [B, L] -> last hidden state before the final norm [B, L, hidden] (what EAGLE reads)."""
         a = self.arch
-        H, Hkv, D, eps = a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.rms_norm_eps
+        H, Hkv, D = a.num_attention_heads, a.num_key_value_heads, a.head_dim
         B, L = ids.shape
         cos, sin = self.rope_tables(L)
         c, s = cos[None, :, None, :].to(self.dtype), sin[None, :, None, :].to(self.dtype)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specserve import kernels
-from specserve.loading.quants import BLOCK_LAYOUT, dequantize
+from specserve.loading.quants import dequantize
 
 from .test_quants import random_blocks
 

@@ -61,7 +61,7 @@ def test_unsorted_requests_are_an_error():
 
 def test_scoring_one_added_replica_matches_simulating_it():
     """The search scores 'this placement plus one replica' without building it; same event loop."""
-    from specserve.planner.simulator import Trace, run_trace, score_additions
+    from specserve.planner.simulator import run_trace, score_additions
     rng = np.random.default_rng(0)
     arrival = np.sort(rng.uniform(0, 20, 400))
     model = rng.integers(0, 3, 400)
