@@ -237,36 +237,33 @@ class SpeculativeDecoder:
         accepted = [0] * len(requests)
         greedy = [i for i, r in enumerate(requests) if r.params.greedy]
         sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
-        for group, is_greedy in ((greedy, True), (sampled, False)):
-            if not group:
-                continue
-            K = max(len(requests[i].draft_token_ids) for i in group)
-            V = logits[group[0]].shape[-1]
-            dev = logits[group[0]].device
-            num = torch.tensor([len(requests[i].draft_token_ids) for i in group], device=dev)
-            tokens = torch.zeros(len(group), K, dtype=torch.long, device=dev)
-            for row, i in enumerate(group):
+        if greedy:
+            for i, (a, nxt) in zip(greedy, verify_greedy([logits[i] for i in greedy],
+                                                         [requests[i].draft_token_ids for i in greedy])):
+                accepted[i] = a
+                emitted[i] = requests[i].draft_token_ids[:a] + [nxt]
+        if sampled:
+            K = max(len(requests[i].draft_token_ids) for i in sampled)
+            V = logits[sampled[0]].shape[-1]
+            dev = logits[sampled[0]].device
+            num = torch.tensor([len(requests[i].draft_token_ids) for i in sampled], device=dev)
+            tokens = torch.zeros(len(sampled), K, dtype=torch.long, device=dev)
+            for row, i in enumerate(sampled):
                 ids = requests[i].draft_token_ids
                 tokens[row, :len(ids)] = torch.tensor(ids, device=dev)
-            if is_greedy:
-                padded = torch.full((len(group), K + 1, V), float("-inf"), device=dev)
-                for row, i in enumerate(group):
-                    padded[row, :len(logits[i])] = logits[i]
-                n_acc, nxt = verify_greedy(padded, tokens, num)
-            else:
-                p = torch.zeros(len(group), K + 1, V, device=dev)
-                draft_probs = [self._drafts[requests[i].request_id].probs for i in group]
-                # None: a deterministic draft, q = one-hot (all None: rejection_sample takes q = None)
-                q = None if all(d is None for d in draft_probs) else torch.zeros(len(group), K, V, device=dev)
-                for row, i in enumerate(group):
-                    p[row, :len(logits[i])] = warp_logits(logits[i], requests[i].params)
-                    if q is not None and draft_probs[row] is not None:
-                        q[row, :len(draft_probs[row])] = draft_probs[row]
-                    elif q is not None:
-                        n = len(requests[i].draft_token_ids)
-                        q[row, torch.arange(n, device=dev), tokens[row, :n]] = 1.0
-                n_acc, nxt = rejection_sample(p, q, tokens, num, [generators[i] for i in group])
-            for row, i in enumerate(group):
+            p = torch.zeros(len(sampled), K + 1, V, device=dev)
+            draft_probs = [self._drafts[requests[i].request_id].probs for i in sampled]
+            # None: a deterministic draft, q = one-hot (all None: rejection_sample takes q = None)
+            q = None if all(d is None for d in draft_probs) else torch.zeros(len(sampled), K, V, device=dev)
+            for row, i in enumerate(sampled):
+                p[row, :len(logits[i])] = warp_logits(logits[i], requests[i].params)
+                if q is not None and draft_probs[row] is not None:
+                    q[row, :len(draft_probs[row])] = draft_probs[row]
+                elif q is not None:
+                    n = len(requests[i].draft_token_ids)
+                    q[row, torch.arange(n, device=dev), tokens[row, :n]] = 1.0
+            n_acc, nxt = rejection_sample(p, q, tokens, num, [generators[i] for i in sampled])
+            for row, i in enumerate(sampled):
                 a = int(n_acc[row])
                 accepted[i] = a
                 emitted[i] = requests[i].draft_token_ids[:a] + [int(nxt[row])]

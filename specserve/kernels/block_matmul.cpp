@@ -1,19 +1,33 @@
 // y = x @ W^T with W kept in GGML blocks of 32 (Q4_1 / Q4_0 / Q8_0), x and y float32.
 //
 // The weights are never rounded to anything: each block is w_j = d * q_j + m (fp16 d, m widened to
-// fp32 exactly), and we compute  sum_b  d_b * (sum_j q_j * x_j)  +  m_b * (sum_j x_j)  in fp32.
-// That is the same sum as x @ dequantize(W)^T in another order, so logits agree with a dense fp32
-// model to rounding (~1e-6 relative), while each weight costs 5 bits of memory traffic instead of 32.
-// Activations stay fp32 (unlike llama.cpp, which rounds them to 8 bits): lossless against fp32.
+// fp32 exactly), and we compute  sum_b d_b (sum_j q_j x_j)  +  sum_b m_b (sum_j x_j)  in fp32. That
+// is the same sum as x @ dequantize(W)^T in another order, so logits agree with a dense fp32 model to
+// rounding (~1e-6 relative), while each weight costs 5 bits of memory traffic instead of 32. Activations stay fp32 (unlike llama.cpp, which rounds them to 8 bits).
 //
-// Threads split the output columns (at::parallel_for); each thread walks up to ROWS activation rows
-// at once so one unpacked weight block feeds ROWS FMAs (decode batches and verify spans).
+// Every output y[r, n] is computed in one fixed order (one 8-lane accumulator over the blocks, then
+// the min term), however many rows the call has and however the work is split. So a row's result does not depend on the other rows: a verify pass over 1 + k tokens gives,
+// bit for bit, the logits and KV that k + 1 one-token steps would, and greedy speculative decoding
+// reproduces greedy regular decoding exactly (not merely up to near-ties).
+//
+// Threads split the output columns (at::parallel_for); within a thread, each unpacked weight block
+// feeds up to 8 activation rows (decode batches and verify spans) held in registers.
 #include "ops.h"
 
 namespace specserve {
 namespace {
 
-constexpr int ROWS = 8;
+// hsum(a) + sum_b m_b * xsum_b (Q4 only), 8 blocks at a time: how every output ends.
+template <bool Q4>
+inline float finish(const float* m_row, const float* xs, int64_t nblocks, __m256 a) {
+  int64_t b = 0;
+  if (Q4)
+    for (; b + 8 <= nblocks; b += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(m_row + b), _mm256_loadu_ps(xs + b), a);
+  float total = hsum(a);
+  if (Q4)
+    for (; b < nblocks; ++b) total += m_row[b] * xs[b];
+  return total;
+}
 
 // 16 packed bytes -> 32 floats: low nibbles are elements 0..15, high nibbles 16..31 (GGML order).
 inline void unpack_q4(const uint8_t* qs, __m256 q[4]) {
@@ -34,111 +48,76 @@ inline void unpack_q8(const int8_t* qs, __m256 q[4]) {
   }
 }
 
-template <bool Q4>
-inline void unpack(const uint8_t* qs_row, int64_t b, __m256 q[4]) {
-  if (Q4) unpack_q4(qs_row + b * (QK / 2), q);
-  else unpack_q8(reinterpret_cast<const int8_t*>(qs_row) + b * QK, q);
-}
+struct Args {
+  const uint8_t* qs;  // [N, row_bytes]
+  const float* d;     // [N, nblocks]
+  const float* m;     // [N, nblocks] (Q4)
+  const float* x;     // [M, K]
+  const float* xsum;  // [M, nblocks] (Q4)
+  float* y;           // [M, N]
+  int64_t N, K, nblocks, row_bytes;
+};
 
-template <bool Q4>
-inline float min_term(const float* m_row, const float* xs, int64_t nblocks, __m256 a) {
-  // hsum(a) + sum_b m_b * xsum_b, 8 blocks at a time
-  int64_t b = 0;
-  if (Q4)
-    for (; b + 8 <= nblocks; b += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(m_row + b), _mm256_loadu_ps(xs + b), a);
-  float total = hsum(a);
-  if (Q4)
-    for (; b < nblocks; ++b) total += m_row[b] * xs[b];
-  return total;
-}
-
-// One row: nothing to amortise the scaling over, so each block's dot product t = q . x is scaled
-// once (acc += d * t); two blocks in flight keep the FMA chains overlapping.
-template <bool Q4>
-inline void column1(const uint8_t* qs_row, const float* d_row, const float* m_row, const float* x,
-                    const float* xsum, int64_t nblocks, float* y) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t b = 0;
-  for (; b + 2 <= nblocks; b += 2) {
-    __m256 q[4], p[4];
-    unpack<Q4>(qs_row, b, q);
-    unpack<Q4>(qs_row, b + 1, p);
-    const float* xb = x + b * QK;
-    __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
-    __m256 u = _mm256_mul_ps(p[0], _mm256_loadu_ps(xb + QK));
-    for (int j = 1; j < 4; ++j) {
-      t = _mm256_fmadd_ps(q[j], _mm256_loadu_ps(xb + 8 * j), t);
-      u = _mm256_fmadd_ps(p[j], _mm256_loadu_ps(xb + QK + 8 * j), u);
-    }
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d_row[b]), t, acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d_row[b + 1]), u, acc1);
-  }
-  if (b < nblocks) {
-    __m256 q[4];
-    unpack<Q4>(qs_row, b, q);
-    const float* xb = x + b * QK;
-    __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
-    for (int j = 1; j < 4; ++j) t = _mm256_fmadd_ps(q[j], _mm256_loadu_ps(xb + 8 * j), t);
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d_row[b]), t, acc0);
-  }
-  *y = min_term<Q4>(m_row, xsum, nblocks, _mm256_add_ps(acc0, acc1));
-}
-
-// One output column n for R activation rows.
-// Each block's q is scaled by d once (d*q is exactly the dequantised weight minus the min), then
-// feeds R rows with 4 FMAs each. Small R gets several accumulators per row so the FMA chains
-// overlap; the min term sum_b m_b * xsum_b is one short dot product per row at the end.
+// Output column n for rows r0 .. r0+R-1. Per block: t = q . x with the unscaled integers (a product
+// and three FMAs over the block's four chunks), then acc += d * t; at the end the min term. The
+// same sequence of operations for every row, whatever R: R only sets how many rows share an unpacked
+// block. (One row is bound by the unpacking, and consecutive blocks' dot products overlap in the
+// out-of-order window; R rows add 5 FMAs per block each.)
 template <int R, bool Q4>
-inline void column(const uint8_t* qs_row, const float* d_row, const float* m_row, const float* x,
-                   const float* xsum, int64_t K, int64_t nblocks, float* y, int64_t ldy) {
-  if constexpr (R == 1) {
-    column1<Q4>(qs_row, d_row, m_row, x, xsum, nblocks, y);
-    return;
-  }
-  constexpr int ACC = R <= 2 ? 4 : (R <= 4 ? 2 : 1);
-  __m256 acc[R][ACC];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < ACC; ++j) acc[r][j] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nblocks; ++b) {
+inline void column(const Args& a, int64_t r0, int64_t n) {
+  const uint8_t* qs = a.qs + n * a.row_bytes;
+  const float* d = a.d + n * a.nblocks;
+  const float* x = a.x + r0 * a.K;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nblocks; ++b) {
     __m256 q[4];
-    unpack<Q4>(qs_row, b, q);
-    const __m256 d = _mm256_set1_ps(d_row[b]);
-    for (int j = 0; j < 4; ++j) q[j] = _mm256_mul_ps(q[j], d);
+    if (Q4) unpack_q4(qs + b * (QK / 2), q);
+    else unpack_q8(reinterpret_cast<const int8_t*>(qs) + b * QK, q);
+    const __m256 db = _mm256_set1_ps(d[b]);
     for (int r = 0; r < R; ++r) {
-      const float* xb = x + r * K + b * QK;
-      for (int j = 0; j < 4; ++j)
-        acc[r][j % ACC] = _mm256_fmadd_ps(q[j], _mm256_loadu_ps(xb + 8 * j), acc[r][j % ACC]);
+      const float* xb = x + r * a.K + b * QK;
+      __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
+      t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), t);
+      t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), t);
+      t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), t);
+      acc[r] = _mm256_fmadd_ps(db, t, acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    __m256 a = acc[r][0];
-    for (int j = 1; j < ACC; ++j) a = _mm256_add_ps(a, acc[r][j]);
-    y[r * ldy] = min_term<Q4>(m_row, Q4 ? xsum + r * nblocks : nullptr, nblocks, a);
-  }
+  for (int r = 0; r < R; ++r)
+    a.y[(r0 + r) * a.N + n] = finish<Q4>(Q4 ? a.m + n * a.nblocks : nullptr,
+                                         Q4 ? a.xsum + (r0 + r) * a.nblocks : nullptr, a.nblocks, acc[r]);
 }
 
 template <int R, bool Q4>
-void rows_chunk(const uint8_t* qs, const float* d, const float* m, const float* x, const float* xsum,
-                int64_t N, int64_t K, float* y, int64_t n0, int64_t n1) {
-  const int64_t nblocks = K / QK;
-  const int64_t row_bytes = Q4 ? K / 2 : K;
-  for (int64_t n = n0; n < n1; ++n)
-    column<R, Q4>(qs + n * row_bytes, d + n * nblocks, Q4 ? m + n * nblocks : nullptr, x, xsum, K, nblocks,
-                  y + n, N);
+inline void columns(const Args& a, int64_t r0, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) column<R, Q4>(a, r0, n);
+}
+
+constexpr int MAX_TILE_ROWS = 8;  // R accumulators + 4 unpacked chunks + a dot product: 13 registers
+
+template <bool Q4>
+void columns_rows(int R, const Args& a, int64_t r0, int64_t n0, int64_t n1) {
+  switch (R) {
+    case 1: columns<1, Q4>(a, r0, n0, n1); break;
+    case 2: columns<2, Q4>(a, r0, n0, n1); break;
+    case 3: columns<3, Q4>(a, r0, n0, n1); break;
+    case 4: columns<4, Q4>(a, r0, n0, n1); break;
+    case 5: columns<5, Q4>(a, r0, n0, n1); break;
+    case 6: columns<6, Q4>(a, r0, n0, n1); break;
+    case 7: columns<7, Q4>(a, r0, n0, n1); break;
+    default: columns<8, Q4>(a, r0, n0, n1); break;
+  }
 }
 
 template <bool Q4>
-void dispatch(int R, const uint8_t* qs, const float* d, const float* m, const float* x, const float* xsum,
-              int64_t N, int64_t K, float* y, int64_t n0, int64_t n1) {
-  switch (R) {
-    case 1: rows_chunk<1, Q4>(qs, d, m, x, xsum, N, K, y, n0, n1); break;
-    case 2: rows_chunk<2, Q4>(qs, d, m, x, xsum, N, K, y, n0, n1); break;
-    case 3: rows_chunk<3, Q4>(qs, d, m, x, xsum, N, K, y, n0, n1); break;
-    case 4: rows_chunk<4, Q4>(qs, d, m, x, xsum, N, K, y, n0, n1); break;
-    case 5: rows_chunk<5, Q4>(qs, d, m, x, xsum, N, K, y, n0, n1); break;
-    case 6: rows_chunk<6, Q4>(qs, d, m, x, xsum, N, K, y, n0, n1); break;
-    case 7: rows_chunk<7, Q4>(qs, d, m, x, xsum, N, K, y, n0, n1); break;
-    default: rows_chunk<8, Q4>(qs, d, m, x, xsum, N, K, y, n0, n1); break;
+void run(const Args& a, int64_t M, int64_t n0, int64_t n1) {
+  // Column groups outer, row tiles inner: a group's weights stay in L1 while every row tile reads them.
+  constexpr int64_t GROUP = 16;
+  for (int64_t g = n0; g < n1; g += GROUP) {
+    const int64_t g1 = std::min(g + GROUP, n1);
+    for (int64_t r0 = 0; r0 < M; r0 += MAX_TILE_ROWS)
+      columns_rows<Q4>(static_cast<int>(std::min<int64_t>(MAX_TILE_ROWS, M - r0)), a, r0, g, g1);
   }
 }
 
@@ -163,21 +142,13 @@ torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scal
       ps[i] = hsum(a);
     }
   }
-  const uint8_t* qp = qs.data_ptr<uint8_t>();
-  const float* dp = scales.data_ptr<float>();
-  const float* mp = is_q4 ? mins.data_ptr<float>() : nullptr;
-  const float* xp = x.data_ptr<float>();
-  const float* sp = is_q4 ? xsum.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
+  Args args{qs.data_ptr<uint8_t>(), scales.data_ptr<float>(), is_q4 ? mins.data_ptr<float>() : nullptr,
+            x.data_ptr<float>(), is_q4 ? xsum.data_ptr<float>() : nullptr, y.data_ptr<float>(),
+            N, K, K / QK, is_q4 ? K / 2 : K};
   const int64_t grain = std::max<int64_t>(16, N / (4 * at::get_num_threads()));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    for (int64_t r0 = 0; r0 < M; r0 += ROWS) {
-      const int R = static_cast<int>(std::min<int64_t>(ROWS, M - r0));
-      const float* xr = xp + r0 * K;
-      const float* sr = is_q4 ? sp + r0 * (K / QK) : nullptr;
-      if (is_q4) dispatch<true>(R, qp, dp, mp, xr, sr, N, K, yp + r0 * N, n0, n1);
-      else dispatch<false>(R, qp, dp, mp, xr, sr, N, K, yp + r0 * N, n0, n1);
-    }
+    if (is_q4) run<true>(args, M, n0, n1);
+    else run<false>(args, M, n0, n1);
   });
   return y;
 }

@@ -18,13 +18,19 @@ from typing import Optional
 import torch
 
 
-def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, num_drafts: torch.Tensor):
-    """target_logits [B, K + 1, V]; draft_tokens [B, K] (padding past num_drafts[b] is ignored)
-    -> (num_accepted [B], next_token [B]) as int64 tensors."""
-    B, K1, _ = target_logits.shape
-    best = target_logits.argmax(-1)  # [B, K + 1]
-    num_accepted = _prefix_len(best[:, :K1 - 1] == draft_tokens, num_drafts)
-    return num_accepted, best.gather(1, num_accepted[:, None]).squeeze(1)
+def verify_greedy(target_logits: list[torch.Tensor], drafts: list[list[int]]) -> list[tuple[int, int]]:
+    """target_logits[b] [1 + k_b, V] for draft tokens drafts[b] (k_b of them) -> per sequence
+    (num_accepted, next_token): the longest prefix where the draft equals the target's argmax, then the
+    target's own token. One argmax over all rows: no padding to the longest span (a [B, K + 1, V] copy)."""
+    best = torch.cat(target_logits).argmax(-1).tolist()  # [sum(1 + k_b)]
+    out, row = [], 0
+    for d in drafts:
+        a = 0
+        while a < len(d) and d[a] == best[row + a]:
+            a += 1
+        out.append((a, best[row + a]))
+        row += len(d) + 1
+    return out
 
 
 def _prefix_len(ok: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:

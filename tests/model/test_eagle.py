@@ -3,7 +3,7 @@ train-draft resumes from a checkpoint to the same weights as an uninterrupted ru
 import pytest
 import torch
 
-from specserve import LLM
+from specserve import LLM, kernels
 from specserve.attention.paged import AttentionMetadata
 from specserve.kv.cache import KVCache
 from specserve.loading import load_model_files
@@ -108,3 +108,29 @@ def test_function_prompts_private_adds_single_underscore_functions():
     assert not any(n.startswith("_") for n in names(public))
     extra = names(set(more) - set(public))
     assert extra and all(n.startswith("_") and not n.startswith("__") for n in extra)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no compiler / AVX2 for the block kernels")
+def test_eagle_fused_layer_matches_op_by_op(tiny_dir):
+    """The blocked (Q8_0) draft runs its decoder layer as one C++ call on short spans: the same
+    kernels in the same order as the op-by-op path, so the same bits."""
+    _, arch, weights, _ = load_model_files(tiny_dir, keep_quantized=False)
+    torch.manual_seed(1)
+    net = EagleNet(EagleConfig.for_target(arch, list(range(64)))).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0, 0.2)
+    target = DenseTarget(arch, weights, torch.device("cpu"))
+    serving = EagleServing(net, torch.device("cpu"), use_blocks=True)
+    assert serving.fused
+    emb, feat = torch.randn(7, arch.hidden_size), torch.randn(7, arch.hidden_size)
+    outs = []
+    for fused in (True, False):
+        serving.fused = fused
+        kv = KVCache(1, 8, 4, arch.num_key_value_heads, arch.head_dim, torch.float32, torch.device("cpu"))
+        out = []
+        for a, b in ((0, 5), (5, 6), (6, 7)):  # a catch-up span, then single draft rows
+            meta = AttentionMetadata.build([b - a], [b], [[3, 1]], 4, torch.device("cpu"))
+            out.append(serving.forward(emb[a:b], feat[a:b], torch.arange(a, b), target.rotary, meta, kv.k[0], kv.v[0]))
+        outs.append(torch.cat(out))
+    assert torch.equal(outs[0], outs[1])

@@ -88,13 +88,16 @@ def test_seeded_and_batch_independent():
 
 
 def test_greedy_prefix_and_next_token():
-    logits = torch.full((3, 4, 10), -1.0)
-    best = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8], [1, 2, 3, 4]])
-    logits.scatter_(2, best[..., None], 1.0)
-    drafts = torch.tensor([[5, 6, 9], [5, 6, 7], [1, 2, 3]])
-    num, nxt = verify_greedy(logits, drafts, torch.tensor([3, 3, 1]))
-    assert num.tolist() == [2, 3, 1]  # third: only 1 draft, the rest is padding
-    assert nxt.tolist() == [7, 8, 2]
+    best = [[5, 6, 7, 8], [5, 6, 7, 8], [1, 2]]
+    logits = []
+    for b in best:
+        rows = torch.full((len(b), 10), -1.0)
+        rows[torch.arange(len(b)), torch.tensor(b)] = 1.0
+        logits.append(rows)
+    drafts = [[5, 6, 9], [5, 6, 7], [1]]
+    # ragged spans: the third sequence verifies a single draft
+    assert verify_greedy(logits, drafts) == [(2, 7), (3, 8), (1, 2)]
+    assert verify_greedy([logits[0][:1]], [[]]) == [(0, 5)]  # no drafts: the target's own token
 
 
 def test_verify_mixes_deterministic_and_sampled_drafts_in_one_batch():
