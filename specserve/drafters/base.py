@@ -26,7 +26,9 @@ from ..types import Request
 class Draft:
     tokens: list[int] = field(default_factory=list)
     probs: Optional[torch.Tensor] = None  # [len(tokens), vocab] q that drew them; None: deterministic/greedy
-    confidence: list[float] = field(default_factory=list)  # draft probability of each token (threshold policy)
+    # estimated chance each token is accepted given the ones before it were: its draft probability for
+    # a model (well calibrated for the EAGLE draft), a measured rate for prompt lookup
+    confidence: list[float] = field(default_factory=list)
 
 
 class Drafter:

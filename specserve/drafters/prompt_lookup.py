@@ -9,12 +9,19 @@ from ..types import Request
 from .base import Draft, Drafter
 
 
+# How often a looked-up token is accepted once the ones before it were (HumanEval, the embedded model,
+# greedy, lookup+draft: 0.85 over 1,288 tokens): the confidence reported for every lookup token, since
+# a copy has no probability of its own.
+LOOKUP_CONFIDENCE = 0.85
+
+
 class PromptLookupDrafter(Drafter):
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1):
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, confidence: float = LOOKUP_CONFIDENCE):
+        self.max_ngram, self.min_ngram, self.confidence = max_ngram, min_ngram, confidence
 
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> list[Draft]:
-        return [Draft(tokens, None, [1.0] * len(tokens)) for tokens in (self._lookup(r.all_token_ids, max_len) for r in requests)]
+        return [Draft(tokens, None, [self.confidence] * len(tokens))
+                for tokens in (self._lookup(r.all_token_ids, max_len) for r in requests)]
 
     def _lookup(self, ids: list[int], k: int) -> list[int]:
         n_ids = len(ids)

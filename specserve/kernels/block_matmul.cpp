@@ -3,12 +3,15 @@
 // The weights are never rounded to anything: each block is w_j = d * q_j + m (fp16 d, m widened to
 // fp32 exactly), and we compute  sum_b d_b (sum_j q_j x_j)  +  sum_b m_b (sum_j x_j)  in fp32. That
 // is the same sum as x @ dequantize(W)^T in another order, so logits agree with a dense fp32 model to
-// rounding (~1e-6 relative), while each weight costs 5 bits of memory traffic instead of 32. Activations stay fp32 (unlike llama.cpp, which rounds them to 8 bits).
+// rounding (~1e-6 relative), while each weight costs 5 bits of memory traffic instead of 32.
+// Activations stay fp32 (unlike llama.cpp, which rounds them to 8 bits).
 //
 // Every output y[r, n] is computed in one fixed order (one 8-lane accumulator over the blocks, then
-// the min term), however many rows the call has and however the work is split. So a row's result does not depend on the other rows: a verify pass over 1 + k tokens gives,
-// bit for bit, the logits and KV that k + 1 one-token steps would, and greedy speculative decoding
-// reproduces greedy regular decoding exactly (not merely up to near-ties).
+// the min term), however many rows the call has and however the work is split. So a row's result
+// does not depend on the other rows: a verify pass over 1 + k tokens gives, bit for bit, the logits
+// and KV that k + 1 one-token steps would, and greedy speculative decoding reproduces greedy regular
+// decoding exactly, not merely up to near-ties (for passes this kernel serves: up to
+// BLOCK_KERNEL_MAX_ROWS rows in models/layers.py; larger ones use dense fp32 products).
 //
 // Threads split the output columns (at::parallel_for); within a thread, each unpacked weight block
 // feeds up to 8 activation rows (decode batches and verify spans) held in registers.

@@ -68,6 +68,35 @@ def test_cost_model_adds_measured_overhead_to_calibrated_passes():
     assert c.step_seconds(6) == pytest.approx(25e-3)
 
 
+def test_break_even_confidence_from_measured_costs():
+    c = CostModel()
+    for rows, ms in {1: 10, 2: 13, 8: 30, 16: 54}.items():
+        c.record_target(rows, ms / 1e3)
+    assert c.break_even_confidence(1) is None  # no draft timing yet
+    c.record_draft(1, 1e-3)
+    c.record_draft(8, 2e-3)
+    # batch 1: a row (3 ms) + a draft step (1 ms) against 10 ms per token
+    assert c.break_even_confidence(1) == pytest.approx(0.4)
+    # batch 8: 8 rows (24 ms) + a draft step (2 ms) against 30 ms for 8 tokens
+    assert c.break_even_confidence(8) == pytest.approx(26 / 30)
+
+
+def test_gating_cuts_drafts_at_the_first_unlikely_token():
+    import torch
+    from specserve.drafters.base import Draft
+    from specserve.engine.speculative import _gated
+    q = torch.eye(4)[:3]
+    d = Draft([5, 6, 7], q, [0.9, 0.8, 0.9])  # cumulative 0.9, 0.72, 0.648
+    cut = _gated(d, 0.7)
+    assert cut.tokens == [5, 6] and cut.confidence == [0.9, 0.8] and torch.equal(cut.probs, q[:2])
+    assert _gated(d, 0.5) is d
+    assert _gated(d, 0.95).tokens == []
+    # lookup tokens carry the measured lookup acceptance, so long copies get cut too
+    r = Request("0", [1, 2, 3] + list(range(10, 30)) + [1, 2, 3], SamplingParams())
+    look = PromptLookupDrafter(max_ngram=3).propose([r], 10)[0]
+    assert len(look.tokens) == 10 and len(_gated(look, 0.4).tokens) == 5  # 0.85^5 = 0.44, 0.85^6 = 0.38
+
+
 def test_prompt_lookup_copies_what_followed_the_last_ngram():
     r = Request("0", [1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2, 3], SamplingParams())
     d = PromptLookupDrafter(max_ngram=3).propose([r], 3)[0]
