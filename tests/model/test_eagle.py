@@ -38,14 +38,19 @@ def test_dense_target_hidden_matches_serving_model(tiny_dir):
     assert (target.logits(h) - logits).abs().max() < 1e-3
 
 
-def test_eagle_serving_forward_matches_training_forward(tiny_dir):
+def _random_draft(tiny_dir, seed):
+    """(arch, a draft with random weights large enough to matter, the dense target) for the tiny model."""
     _, arch, weights, _ = load_model_files(tiny_dir, keep_quantized=False)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     net = EagleNet(EagleConfig.for_target(arch, list(range(64)))).eval()
     with torch.no_grad():
         for p in net.parameters():
             p.normal_(0, 0.2)
-    target = DenseTarget(arch, weights, torch.device("cpu"))
+    return arch, net, DenseTarget(arch, weights, torch.device("cpu"))
+
+
+def test_eagle_serving_forward_matches_training_forward(tiny_dir):
+    arch, net, target = _random_draft(tiny_dir, seed=0)
     L = 13
     emb, feat = torch.randn(1, L, arch.hidden_size), torch.randn(1, L, arch.hidden_size)
     cos, sin = target.rope_tables(L)
@@ -114,13 +119,7 @@ def test_function_prompts_private_adds_single_underscore_functions():
 def test_eagle_fused_layer_matches_op_by_op(tiny_dir):
     """The blocked (Q8_0) draft runs its decoder layer as one C++ call on short spans: the same
     kernels in the same order as the op-by-op path, so the same bits."""
-    _, arch, weights, _ = load_model_files(tiny_dir, keep_quantized=False)
-    torch.manual_seed(1)
-    net = EagleNet(EagleConfig.for_target(arch, list(range(64)))).eval()
-    with torch.no_grad():
-        for p in net.parameters():
-            p.normal_(0, 0.2)
-    target = DenseTarget(arch, weights, torch.device("cpu"))
+    arch, net, target = _random_draft(tiny_dir, seed=1)
     serving = EagleServing(net, torch.device("cpu"), use_blocks=True)
     assert serving.fused
     emb, feat = torch.randn(7, arch.hidden_size), torch.randn(7, arch.hidden_size)
