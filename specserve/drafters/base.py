@@ -40,6 +40,12 @@ class Drafter:
         product of its draft probabilities falls below it (threshold decoding)."""
         raise NotImplementedError
 
+    def propose_free(self, requests: list[Request], max_len: int) -> Optional[list[Draft]]:
+        """Drafts that cost next to nothing to make (a lookup in the sequence's own tokens), which the
+        engine still verifies, where they pay, on steps where it judged full drafting not to pay.
+        None: this drafter has none."""
+        return None
+
     def observe(self, request: Request, start: int, hidden: Optional[torch.Tensor], num_accepted: int) -> None:
         pass
 

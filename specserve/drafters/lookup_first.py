@@ -32,6 +32,9 @@ class LookupFirstDrafter(Drafter):
             self.last_catchup_rows = self.model.last_catchup_rows
         return drafts
 
+    def propose_free(self, requests: list[Request], max_len: int) -> Optional[list[Draft]]:
+        return self.lookup.propose(requests, max_len)
+
     def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:
         self.model.observe(request, start, hidden, num_accepted)
 

@@ -110,12 +110,15 @@ class LLMEngine:
                 meta = AttentionMetadata.build([n], [context + n], [table], bs, dev, mode=self.runner.attention)
                 ids = torch.zeros(n, dtype=torch.long, device=dev)
                 pos = torch.arange(context, context + n, device=dev)
-                t0 = time.perf_counter()
-                logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, torch.arange(n, device=dev))
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                self.spec.costs.record_calibration(n, time.perf_counter() - t0)
-                del logits
+                best = float("inf")
+                for _ in range(2):  # the faster of two: a one-off stall would bend the whole curve
+                    t0 = time.perf_counter()
+                    logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, torch.arange(n, device=dev))
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize()
+                    best = min(best, time.perf_counter() - t0)
+                    del logits
+                self.spec.costs.record_calibration(n, best)
         finally:
             bm.free(table)
 
@@ -184,7 +187,8 @@ class LLMEngine:
                     break
             results.append((r, delta))
         if spec is not None:
-            spec.record_step(sum(s.num_new_tokens for s in plan.scheduled), time.perf_counter() - t0, now - t0)
+            spec.record_step(sum(s.num_new_tokens for s in plan.scheduled), time.perf_counter() - t0, now - t0,
+                             len(plan.scheduled))
             spec.stats.decode_seq_steps += plain_decoding + len(verifiers)
             spec.stats.decode_tokens += plain_decoding + sum(len(accepted[r.request_id][1]) for r in verifiers)
         return results

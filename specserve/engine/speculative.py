@@ -13,6 +13,7 @@ Each step, for the requests that are decoding:
 """
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -66,22 +67,62 @@ class CostModel:
         self.target: dict[int, float] = {}  # measured whole-step seconds by rows
         self.calibrated: dict[int, float] = {}  # bare target pass seconds by rows
         self.draft: dict[int, float] = {}
+        self.overhead: dict[int, float] = {}  # whole step minus the bare pass, by sequences in the step
         self.ema = ema
         self.alpha_num, self.alpha_den = 0.0, 0.0  # decayed counts of accepted and (accepted + rejections)
+        # What drafting steps actually yielded, by batch size: [tokens emitted per sequence, target rows
+        # per sequence, seconds of drafting], averaged over steps.
+        self.yields: dict[int, list[float]] = {}
 
-    def record_target(self, rows: int, seconds: float) -> None:
+    def record_target(self, rows: int, seconds: float, batch: Optional[int] = None) -> None:
         old = self.target.get(rows)
         self.target[rows] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+        if batch is not None and self.calibrated:
+            # What a step of `batch` sequences costs beyond the bare pass over its rows (sampling,
+            # bookkeeping, verification, attention over more sequences): it grows with the sequences,
+            # not with the rows, so it is kept by batch size.
+            extra = seconds - self._interp(self.calibrated, rows)
+            old = self.overhead.get(batch)
+            self.overhead[batch] = extra if old is None else (1 - self.ema) * old + self.ema * extra
 
     def record_calibration(self, rows: int, seconds: float) -> None:
         self.calibrated[rows] = seconds
 
-    def step_seconds(self, rows: int) -> Optional[float]:
+    def step_seconds(self, rows: int, batch: Optional[int] = None) -> Optional[float]:
+        """A whole step's seconds with `rows` target rows (over `batch` sequences, when known: then the
+        bare pass over the rows plus that batch size's measured overhead, which keeps apart what rows
+        cost and what sequences cost; measured steps of a row count mix batch sizes)."""
+        if batch is not None and batch in self.overhead:
+            return self._interp(self.calibrated, rows) + self.overhead[batch]
         if rows in self.target or not self.calibrated:
             return self._interp(self.target, rows)
         # Unmeasured: the bare pass plus what steps measured so far cost beyond their bare pass.
         extra = [self.target[r] - self.calibrated[r] for r in self.target if r in self.calibrated]
         return self._interp(self.calibrated, rows) + (sum(extra) / len(extra) if extra else 0.0)
+
+    def step_curve(self, lo: int, hi: int, batch: Optional[int] = None) -> Optional[list[float]]:
+        """step_seconds(rows, batch) for rows = lo .. hi, in one go (the draft selection scans it every step)."""
+        if not self.target and not self.calibrated:
+            return None
+        if batch is not None and batch in self.overhead:
+            extra, measured = self.overhead[batch], {}
+        else:
+            diffs = [self.target[r] - self.calibrated[r] for r in self.target if r in self.calibrated]
+            extra, measured = (sum(diffs) / len(diffs) if diffs else 0.0), self.target
+        if not self.calibrated:
+            return [self._interp(self.target, r) for r in range(lo, hi + 1)]
+        table, keys = self.calibrated, sorted(self.calibrated)
+        out = []
+        for rows in range(lo, hi + 1):
+            if rows in measured:
+                out.append(measured[rows])
+            elif _between_keys(keys, rows):
+                i = bisect.bisect_left(keys, rows)
+                a, b = keys[i - 1], keys[i]
+                out.append(table[a] + (table[b] - table[a]) * (rows - a) / (b - a) + extra)
+            else:
+                out.append(self._interp(table, rows) + extra)
+        return out
 
     def record_draft(self, batch: int, seconds_per_step: float) -> None:
         old = self.draft.get(batch)
@@ -94,6 +135,27 @@ class CostModel:
     @property
     def alpha(self) -> Optional[float]:
         return self.alpha_num / self.alpha_den if self.alpha_den > 0 else None
+
+    def record_yield(self, batch: int, tokens: int, rows: int, draft_seconds: float, ema: float = 0.1) -> None:
+        """A drafting step over `batch` sequences emitted `tokens` from `rows` target rows. (A slower
+        average than the timings': one step's tokens swing from 1 to 1 + k per sequence.)"""
+        new = [tokens / batch, rows / batch, draft_seconds]
+        old = self.yields.get(batch)
+        self.yields[batch] = new if old is None else [(1 - ema) * o + ema * n for o, n in zip(old, new)]
+
+    def drafting_pays(self, batch: int, margin: float = 1.02) -> Optional[bool]:
+        """Whether drafting steps at this batch size emit more tokens per second than plain steps, from
+        what drafting steps yielded so far (None: none measured yet). Unlike a prediction from the
+        acceptance rate, this counts what the formula leaves out: drafts cut by the selection (verified
+        rows per sequence well below k), draft passes whose tokens all got cut."""
+        y, t_plain = self.yields.get(batch), self.step_seconds(batch, batch)
+        if y is None or t_plain is None:
+            return None
+        tokens, rows, t_draft = y
+        t_step = self.step_seconds(max(batch, round(batch * rows)), batch)
+        if t_step is None:
+            return None
+        return tokens / (t_step + t_draft) > margin / t_plain
 
     @staticmethod
     def _interp(table: dict[int, float], x: int) -> Optional[float]:
@@ -140,10 +202,12 @@ class CostModel:
         """The acceptance probability at which one more draft token per sequence pays for itself: its
         share of a verify row plus a draft step, over the time per token of plain decoding
         (batch 1 on this CPU: (3.3 + 1.5) / 11.4 ms ~ 0.4; batch 8: ~0.7)."""
-        t_plain, t_more = self.step_seconds(batch), self.step_seconds(2 * batch)
-        t_draft = self._interp(self.draft, batch)
-        if t_plain is None or t_more is None or t_draft is None:
+        t_plain, t_more = self.step_seconds(batch, batch), self.step_seconds(2 * batch, batch)
+        if t_plain is None or t_more is None:
             return None
+        t_draft = self._interp(self.draft, batch)
+        if t_draft is None:  # before the first draft step is timed
+            t_draft = DRAFT_COST_GUESS * self.step_seconds(1)
         t_row = max(0.0, t_more - t_plain) / batch
         return min(1.0, (batch * t_row + t_draft) / t_plain)
 
@@ -163,7 +227,7 @@ DRAFT_COST_GUESS = 0.1  # draft step / target step, for decisions that must not 
 
 class SpeculativeDecoder:
     def __init__(self, drafter: Drafter, make_policy: Callable[[], DraftLengthPolicy], fallback: bool = True,
-                 retry_every: int = 16, prior_alpha: float = 0.5):
+                 retry_every: int = 4, retry_max: int = 32, prior_alpha: float = 0.5):
         self.drafter, self.make_policy, self.fallback = drafter, make_policy, fallback
         self.policy = make_policy()  # shared by the batch, as BASS adapts one length for all
         # A seeded sampled request gets a policy of its own, and its fallback looks only at its own
@@ -174,11 +238,14 @@ class SpeculativeDecoder:
         # A weak prior (2 pseudo-tokens) so the first steps already weigh drafting against plain decoding.
         self.costs.alpha_num, self.costs.alpha_den = 2 * prior_alpha, 2.0
         self.stats = SpecStats()
-        # After this many plain steps in a row, probe the acceptance (one extra row: ~2% of a batch-1 run
-        # at worst, and a dip in the estimate does not leave drafting off for long).
-        self.retry_every = retry_every
+        # After retry plain steps in a row, one drafting step measures again whether drafting pays;
+        # retry starts at retry_every and doubles (up to retry_max) while those probes find it does not
+        # (so at worst one losing drafting step every retry_max steps: ~1% of a run).
+        self.retry_every, self.retry_max = retry_every, retry_max
+        self._retry = retry_every
+        self._probed = False
         self._since_spec = 0
-        self._probe_turn = 0
+        self._step_yield: Optional[list] = None  # this step's drafting, for CostModel.record_yield
         self._drafts: dict[str, Draft] = {}
 
     @staticmethod
@@ -206,34 +273,43 @@ class SpeculativeDecoder:
         if not shared:
             return
         k = self.policy.draft_len()
-        if self.fallback:
-            if self._since_spec >= self.retry_every:
-                # A cheap probe that keeps the acceptance estimate fresh: one draft token for one
-                # sequence (rotating), a single extra row in the batch.
-                self._since_spec = 0
-                self._probe_turn = (self._probe_turn + 1) % len(shared)
-                self._draft([shared[self._probe_turn]], 1, None)
-                return
-            best = self.costs.best_len(len(shared), k)
-            k = k if best is None else best
+        batch = len(shared)
+        if self.fallback and self._since_spec < self._retry:
+            # Draft when drafting steps at this batch size have been paying; before any has been
+            # measured, when the acceptance rate predicts it pays. After a run of plain steps, one
+            # drafting step to measure again (conditions change along a sequence).
+            pays = self.costs.drafting_pays(batch)
+            if pays is None:
+                best = self.costs.best_len(batch, k)
+                k = k if best is None else best
+            elif not pays:
+                k = 0
+            if self._probed:
+                self._retry = self.retry_every if k else min(2 * self._retry, self.retry_max)
+                self._probed = False
             if k == 0:
                 self.stats.fallback_steps += 1
                 self._since_spec += 1
+                # Free drafts (lookups) are still verified where they pay.
+                free = self.drafter.propose_free(shared, self.policy.draft_len())
+                if free is not None:
+                    self._use(shared, self._select(free))
                 return
+        else:
+            self._probed = self.fallback and self._since_spec > 0
         self._since_spec = 0
-        # Confidence gating: a draft token is worth its verify row (and its draft step) only if it is
-        # likely enough to be accepted; the drafters' confidences are calibrated acceptance estimates.
-        gate = self.costs.break_even_confidence(len(shared)) if self.fallback else None
+        # Drafting stops where a token is unlikely enough not to pay for its verify row and draft step
+        # at the rate a batch's second row costs; `_select` then cuts along the measured cost curve.
+        gate = self.costs.break_even_confidence(batch) if self.fallback else None
         floors = [c for c in (self.policy.min_confidence, gate) if c is not None]
-        self._draft(shared, k, max(floors) if floors else None, gate)
+        self._step_yield = [batch, batch, batch, 0.0]  # batch, tokens, rows, draft seconds
+        self._draft(shared, k, max(floors) if floors else None, select=self.fallback)
 
-    def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float], gate: Optional[float] = None) -> None:
+    def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float], select: bool = False) -> None:
         t0 = time.perf_counter()
         drafts = self.drafter.propose(requests, k, min_confidence)
         seconds = time.perf_counter() - t0
         longest = max((len(d.tokens) for d in drafts), default=0)  # draft steps run
-        if gate is not None:
-            drafts = [_gated(d, gate) for d in drafts]
         # Time drafting only in steady state: after a prompt, plain steps or a probe the drafter first
         # catches up on every token it missed, a one-off that is not what a draft step costs.
         steady = self.drafter.last_catchup_rows <= len(requests) * (k + 1)
@@ -241,10 +317,27 @@ class SpeculativeDecoder:
             if steady:
                 self.costs.record_draft(len(requests), seconds / longest)
             self.stats.draft_seconds += seconds
+        if self._step_yield is not None and longest:
+            # A steady draft step's cost: the first draft after a prompt catches up on all of it once,
+            # which says nothing about the steps to come.
+            t = self.costs._interp(self.costs.draft, len(requests))
+            self._step_yield[3] = longest * (t if t is not None else DRAFT_COST_GUESS * self.costs.step_seconds(1))
+        self._use(requests, self._select(drafts) if select else drafts)
+
+    def _use(self, requests: list[Request], drafts: list[Draft]) -> None:
         for r, d in zip(requests, drafts):
             if d.tokens:
                 r.draft_token_ids = list(d.tokens)
                 self._drafts[r.request_id] = d
+
+    def _select(self, drafts: list[Draft]) -> list[Draft]:
+        if not any(d.tokens for d in drafts):
+            return drafts
+        batch = len(drafts)
+        curve = self.costs.step_curve(batch, batch + sum(len(d.tokens) for d in drafts), batch)
+        if curve is None or any(t is None for t in curve):
+            return drafts
+        return select_drafts(drafts, curve, self._step_yield[3] if self._step_yield is not None else 0.0)
 
     # --- after the target pass ------------------------------------------------------------------
     def verify(self, requests: list[Request], logits: list[torch.Tensor], generators: list) -> list[tuple[int, list[int]]]:
@@ -288,6 +381,9 @@ class SpeculativeDecoder:
         confidences = [self._drafts.pop(r.request_id).confidence for r in requests]
         rejections = sum(a < n for a, n in zip(accepted, drafted))
         shared = [i for i, r in enumerate(requests) if not self._seeded(r)]
+        if self._step_yield is not None:
+            self._step_yield[1] += sum(accepted[i] for i in shared)
+            self._step_yield[2] += sum(drafted[i] for i in shared)
         if shared:
             self.policy.update([drafted[i] for i in shared], [accepted[i] for i in shared], [confidences[i] for i in shared])
         for i, r in enumerate(requests):
@@ -304,9 +400,13 @@ class SpeculativeDecoder:
             r.spec_accepted.append(a)
         return list(zip(accepted, emitted))
 
-    def record_step(self, rows: int, seconds: float, target_seconds: float) -> None:
-        """A step's target rows, its seconds after drafting, and the target pass's share of them."""
-        self.costs.record_target(rows, seconds)
+    def record_step(self, rows: int, seconds: float, target_seconds: float, batch: Optional[int] = None) -> None:
+        """A step's target rows, its seconds after drafting, the target pass's share of them, and the
+        number of sequences it computed."""
+        self.costs.record_target(rows, seconds, batch)
+        if self._step_yield is not None:
+            self.costs.record_yield(*self._step_yield)
+            self._step_yield = None
         self.stats.target_steps += 1
         self.stats.target_seconds += target_seconds
 
@@ -323,19 +423,39 @@ class SpeculativeDecoder:
         return t_draft / t_target if t_draft and t_target else None
 
 
-def _gated(d: Draft, gate: float) -> Draft:
-    """The draft cut before its first token whose cumulative confidence (the estimated chance that it
-    and every token before it are accepted) is below `gate`. Cutting on draft-side information only
-    leaves verification exact."""
-    cum, n = 1.0, 0
-    for c in d.confidence:
-        cum *= c
-        if cum < gate:
-            break
-        n += 1
-    if n == len(d.tokens):
-        return d
-    return Draft(d.tokens[:n], None if d.probs is None else d.probs[:n], d.confidence[:n])
+def select_drafts(drafts: list[Draft], curve: list[float], draft_seconds: float = 0.0) -> list[Draft]:
+    """Which draft tokens to verify. A token is accepted with about its cumulative confidence (the
+    drafters' confidences are calibrated), and curve[n] is the measured time of a step with n draft
+    rows on top of one row per sequence. Taking tokens by falling cumulative confidence (a sequence's
+    tokens in order), keep the count n that gives the most expected tokens per second for the step,
+    drafting time included. On a CPU the curve is not a line (past BLOCK_KERNEL_MAX_ROWS the pass
+    switches to dense products), so this is a budget for the whole batch rather than a per-token
+    threshold. It looks at draft-side information only, so verification stays exact."""
+    batch = len(drafts)
+    candidates = []  # (cumulative confidence, position in its draft, sequence)
+    for i, d in enumerate(drafts):
+        cum = 1.0
+        for j, c in enumerate(d.confidence):
+            cum *= c
+            candidates.append((cum, j, i))
+    candidates.sort(key=lambda t: (-t[0], t[1]))
+    best_n, best_rate, expected = 0, None, 0.0
+    for n, t in enumerate(curve[:len(candidates) + 1]):
+        if n:
+            expected += candidates[n - 1][0]
+        rate = (batch + expected) / (t + draft_seconds)
+        if best_rate is None or rate > best_rate:
+            best_n, best_rate = n, rate
+    keep = [0] * batch
+    for _, j, i in candidates[:best_n]:
+        keep[i] = max(keep[i], j + 1)
+    return [d if n == len(d.tokens) else Draft(d.tokens[:n], None if d.probs is None else d.probs[:n], d.confidence[:n])
+            for d, n in zip(drafts, keep)]
+
+
+def _between_keys(keys: list[int], x: int) -> bool:
+    """Whether x lies strictly between the first and the last of the sorted keys."""
+    return len(keys) >= 2 and keys[0] < x < keys[-1]
 
 
 def _own_alpha(r: Request) -> Optional[float]:

@@ -72,29 +72,65 @@ def test_break_even_confidence_from_measured_costs():
     c = CostModel()
     for rows, ms in {1: 10, 2: 13, 8: 30, 16: 54}.items():
         c.record_target(rows, ms / 1e3)
-    assert c.break_even_confidence(1) is None  # no draft timing yet
-    c.record_draft(1, 1e-3)
+    # before a draft step is timed: a guess of a tenth of a one-row step (1 ms)
+    assert c.break_even_confidence(1) == pytest.approx((3 + 1) / 10)
+    c.record_draft(1, 2e-3)
     c.record_draft(8, 2e-3)
-    # batch 1: a row (3 ms) + a draft step (1 ms) against 10 ms per token
-    assert c.break_even_confidence(1) == pytest.approx(0.4)
+    # batch 1: a row (3 ms) + a draft step (2 ms) against 10 ms per token
+    assert c.break_even_confidence(1) == pytest.approx(0.5)
     # batch 8: 8 rows (24 ms) + a draft step (2 ms) against 30 ms for 8 tokens
     assert c.break_even_confidence(8) == pytest.approx(26 / 30)
 
 
-def test_gating_cuts_drafts_at_the_first_unlikely_token():
+def test_selection_keeps_the_prefix_that_pays_on_the_measured_curve():
     import torch
     from specserve.drafters.base import Draft
-    from specserve.engine.speculative import _gated
+    from specserve.engine.speculative import select_drafts
     q = torch.eye(4)[:3]
     d = Draft([5, 6, 7], q, [0.9, 0.8, 0.9])  # cumulative 0.9, 0.72, 0.648
-    cut = _gated(d, 0.7)
-    assert cut.tokens == [5, 6] and cut.confidence == [0.9, 0.8] and torch.equal(cut.probs, q[:2])
-    assert _gated(d, 0.5) is d
-    assert _gated(d, 0.95).tokens == []
-    # lookup tokens carry the measured lookup acceptance, so long copies get cut too
+    line = [10 + 3 * n for n in range(4)]  # ms: every row costs 3
+    # (1 + 0.9 + 0.72 + 0.648) / 19 beats every shorter prefix: all three verified
+    assert select_drafts([d], line)[0] is d
+    # a cliff at the third row (as past the block kernel's row limit): one token only
+    cut = select_drafts([d], [10, 13, 40, 43])[0]
+    assert cut.tokens == [5] and cut.confidence == [0.9] and torch.equal(cut.probs, q[:1])
+    # rows at 1.5x a plain step never pay (1.9 / 25 < 1 / 10) ...
+    assert select_drafts([d], [10, 25, 40, 55])[0].tokens == []
+    # ... unless drafting time already spent weighs on the plain rate too: 3.268 / (55 + 100) > 1 / (10 + 100)
+    assert select_drafts([d], [10, 25, 40, 55], draft_seconds=100)[0] is d
+    # lookup tokens carry the measured acceptance of a 3-gram match (0.73, then 0.85 each), so long
+    # copies get cut: (1 + 0.73 (1 + 0.85 + ... + 0.85^(n-1))) / (10 + 3n) peaks at n = 3
     r = Request("0", [1, 2, 3] + list(range(10, 30)) + [1, 2, 3], SamplingParams())
     look = PromptLookupDrafter(max_ngram=3).propose([r], 10)[0]
-    assert len(look.tokens) == 10 and len(_gated(look, 0.4).tokens) == 5  # 0.85^5 = 0.44, 0.85^6 = 0.38
+    assert len(look.tokens) == 10 and look.confidence == [0.73] + [0.85] * 9
+    assert len(select_drafts([look], [10 + 3 * n for n in range(11)])[0].tokens) == 3
+    # a 1-gram match is a weak guess (a quarter of them are right): not worth a row here
+    r1 = Request("1", [7, 40, 41, 42, 7], SamplingParams())
+    weak = PromptLookupDrafter(max_ngram=3).propose([r1], 3)[0]
+    assert weak.tokens == [40, 41, 42] and weak.confidence[0] == 0.25
+    assert select_drafts([weak], [10, 13, 16, 19])[0].tokens == []
+
+
+def test_selection_is_a_budget_for_the_whole_batch():
+    from specserve.drafters.base import Draft
+    from specserve.engine.speculative import select_drafts
+    a = Draft([1, 2], None, [0.95, 0.95])
+    b = Draft([3], None, [0.5])
+    # two sequences; two more rows are cheap, a third is not: the likely tokens get them
+    kept = select_drafts([a, b], [20, 23, 26, 60])
+    assert kept[0] is a and kept[1].tokens == []
+
+
+def test_drafting_pays_compares_what_drafting_steps_yielded():
+    c = CostModel()
+    for rows, ms in {1: 10, 2: 13, 3: 16, 8: 30, 16: 54}.items():
+        c.record_target(rows, ms / 1e3)
+    assert c.drafting_pays(1) is None  # nothing measured yet
+    c.record_yield(1, tokens=2, rows=2, draft_seconds=1e-3)  # 2 tokens per 14 ms vs 1 per 10 ms
+    assert c.drafting_pays(1) is True
+    # batch 8 emitting 9 tokens from 16 rows (52 ms + 2 ms) vs 8 per 30 ms
+    c.record_yield(8, tokens=9, rows=16, draft_seconds=2e-3)
+    assert c.drafting_pays(8) is False
 
 
 def test_prompt_lookup_copies_what_followed_the_last_ngram():
