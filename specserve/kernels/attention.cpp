@@ -38,8 +38,29 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
         for (int64_t j0 = 0, blk = 0; j0 < n; j0 += block_size, ++blk) {
           const float* kblock = kp + (table[blk] * block_size * Hkv + kvh) * D;
           const int64_t m = std::min(block_size, n - j0);
-          for (int64_t o = 0; o < m; ++o) {
-            const float* kv = kblock + o * Hkv * D;
+          const int64_t stride = Hkv * D;
+          int64_t o = 0;
+          // Four keys at a time: one key's dot product is a chain of dependent FMAs, so a lone key
+          // waits on latency; four independent chains fill the pipes. Each score is still summed in
+          // the same order as one key alone (same bits).
+          for (; o + 4 <= m; o += 4) {
+            const float* k0 = kblock + o * stride;
+            __m256 a0 = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(k0));
+            __m256 a1 = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(k0 + stride));
+            __m256 a2 = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(k0 + 2 * stride));
+            __m256 a3 = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(k0 + 3 * stride));
+            for (int64_t d = 1; d < VD; ++d) {
+              a0 = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(k0 + 8 * d), a0);
+              a1 = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(k0 + stride + 8 * d), a1);
+              a2 = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(k0 + 2 * stride + 8 * d), a2);
+              a3 = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(k0 + 3 * stride + 8 * d), a3);
+            }
+            float* sc = scores.data() + j0 + o;
+            sc[0] = hsum(a0); sc[1] = hsum(a1); sc[2] = hsum(a2); sc[3] = hsum(a3);
+            mx = std::max(mx, std::max(std::max(sc[0], sc[1]), std::max(sc[2], sc[3])));
+          }
+          for (; o < m; ++o) {
+            const float* kv = kblock + o * stride;
             __m256 acc = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(kv));
             for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(kv + 8 * d), acc);
             scores[j0 + o] = hsum(acc);
