@@ -30,7 +30,7 @@ from torch import nn
 from .. import kernels
 from ..attention.paged import AttentionMetadata, paged_attention
 from ..loading.weights import QuantizedWeight
-from .layers import BLOCK_KERNEL_MAX_ROWS, Linear, Rotary, rms_norm, silu_mul
+from .layers import Linear, Rotary, fused_layer_weights, rms_norm, runs_fused, silu_mul
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -149,8 +149,8 @@ class EagleServing:
         self.qkv, self.o, self.gate_up, self.down = lin(net.qkv), lin(net.o), lin(net.gate_up), lin(net.down)
         self.attn_norm = net.attn_norm.detach().float().to(device)
         self.ffn_norm = net.ffn_norm.detach().float().to(device)
-        self.fused = all(lin.block is not None for lin in (self.qkv, self.o, self.gate_up, self.down)) \
-            and self.cfg.head_dim % 8 == 0
+        self.fused = fused_layer_weights(self.attn_norm, self.ffn_norm, self.qkv, self.o, self.gate_up, self.down,
+                                         self.cfg.head_dim)
 
     @torch.inference_mode()
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
@@ -161,14 +161,14 @@ class EagleServing:
         T = embeds.shape[0]
         x = self.fc(torch.cat([embeds, features], dim=-1))
         cos, sin = rotary.tables(positions)
-        if self.fused and T <= BLOCK_KERNEL_MAX_ROWS and meta.use_paged_kernel:
+        if runs_fused(self.fused, T, meta):
             # The layer in one C++ call (as the target's decode steps): a draft step is ~0.4 ms of
             # arithmetic, and issuing its ~20 ops from Python cost more than that.
             tables, q_starts, q_lens, kv_lens = meta.paged_fields()
+            attn_norm, ffn_norm, qkv, qkv_bias, o, gate_up, down = self.fused
             delta = kernels.ext().decoder_layer(
-                x, None, self.attn_norm, self.ffn_norm, cfg.rms_norm_eps, self.qkv.block.parts(), None,
-                self.o.block.parts(), self.gate_up.block.parts(), self.down.block.parts(), cos, sin, k_cache, v_cache,
-                meta.slot_mapping, tables, q_starts, q_lens, kv_lens, meta.block_size, D ** -0.5, H, Hkv, D)
+                x, None, attn_norm, ffn_norm, cfg.rms_norm_eps, qkv, qkv_bias, o, gate_up, down, cos, sin, k_cache,
+                v_cache, meta.slot_mapping, tables, q_starts, q_lens, kv_lens, meta.block_size, D ** -0.5, H, Hkv, D)
             return x + delta
         h = rms_norm(x, self.attn_norm, cfg.rms_norm_eps)
         q, k, v = Rotary.apply(self.qkv(h), cos, sin, H, Hkv, D)

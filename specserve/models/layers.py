@@ -42,6 +42,22 @@ class Linear:
         return torch.nn.functional.linear(x, self.dense, self.bias)
 
 
+def fused_layer_weights(attn_norm: torch.Tensor, ffn_norm: torch.Tensor, qkv: Linear, o: Linear, gate_up: Linear,
+                        down: Linear, head_dim: int) -> Optional[tuple]:
+    """A decoder layer's weights as kernels' decoder_layer takes them (norms, blocked qkv with its bias,
+    o, gate_up, down), or None when the layer cannot run as one C++ call (a dense projection, or a head
+    size the attention kernel does not take)."""
+    if any(lin.block is None for lin in (qkv, o, gate_up, down)) or head_dim % 8:
+        return None
+    return (attn_norm, ffn_norm, qkv.block.parts(), qkv.bias, o.block.parts(), gate_up.block.parts(), down.block.parts())
+
+
+def runs_fused(weights, num_rows: int, meta) -> bool:
+    """Whether a pass over num_rows rows runs each layer as one C++ call: decode-sized (the block kernel
+    serves it) and on the paged attention kernel."""
+    return weights is not None and num_rows <= BLOCK_KERNEL_MAX_ROWS and meta.use_paged_kernel
+
+
 def _fused(x: torch.Tensor) -> bool:
     """The fused C++ element-wise ops cover the fp32 CPU path; everything else uses torch."""
     return x.dtype == torch.float32 and x.device.type == "cpu" and kernels.available()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from .. import kernels
 from ..attention.paged import AttentionMetadata, paged_attention
 from ..loading.weights import ModelArch, QuantizedWeight, as_dense
-from .layers import BLOCK_KERNEL_MAX_ROWS, Linear, Rotary, rms_norm, silu_mul
+from .layers import Linear, Rotary, fused_layer_weights, rms_norm, runs_fused, silu_mul
 
 
 class DecoderLayer:
@@ -54,12 +54,9 @@ class LlamaModel:
                              max_len or arch.max_position_embeddings, weights.get("rope_freqs"), device)
         self.scale = arch.head_dim ** -0.5
         # Decode-sized steps run each layer as one C++ call when every projection is blocked.
-        self.fused_layers = None
-        if all(lin.block is not None for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)) \
-                and self.head_dim % 8 == 0:
-            self.fused_layers = [(layer.attn_norm, layer.ffn_norm, layer.qkv.block.parts(), layer.qkv.bias,
-                                  layer.o.block.parts(), layer.gate_up.block.parts(), layer.down.block.parts())
-                                 for layer in self.layers]
+        fused = [fused_layer_weights(l.attn_norm, l.ffn_norm, l.qkv, l.o, l.gate_up, l.down, self.head_dim)
+                 for l in self.layers]
+        self.fused_layers = fused if all(w is not None for w in fused) else None
 
     @property
     def weight_bytes(self) -> int:
@@ -82,7 +79,7 @@ class LlamaModel:
         T = x.shape[0]
         cos, sin = self.rotary.tables(positions)  # [T, D] each
         delta = None  # the last sub-layer's output, added to x inside the next norm
-        if self.fused_layers is not None and T <= BLOCK_KERNEL_MAX_ROWS and meta.use_paged_kernel:
+        if runs_fused(self.fused_layers, T, meta):
             ext = kernels.ext()
             tables, q_starts, q_lens, kv_lens = meta.paged_fields()
             for li, (attn_norm, ffn_norm, qkv, qkv_bias, o, gate_up, down) in enumerate(self.fused_layers):

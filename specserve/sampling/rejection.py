@@ -22,7 +22,8 @@ def verify_greedy(target_logits: list[torch.Tensor], drafts: list[list[int]]) ->
     """target_logits[b] [1 + k_b, V] for draft tokens drafts[b] (k_b of them) -> per sequence
     (num_accepted, next_token): the longest prefix where the draft equals the target's argmax, then the
     target's own token. One argmax over all rows: no padding to the longest span (a [B, K + 1, V] copy)."""
-    best = torch.cat(target_logits).argmax(-1).tolist()  # [sum(1 + k_b)]
+    rows = target_logits[0] if len(target_logits) == 1 else torch.cat(target_logits)  # [sum(1 + k_b), V]
+    best = rows.argmax(-1).tolist()
     out, row = [], 0
     for d in drafts:
         a = 0

@@ -121,11 +121,12 @@ def test_eagle_fused_layer_matches_op_by_op(tiny_dir):
     kernels in the same order as the op-by-op path, so the same bits."""
     arch, net, target = _random_draft(tiny_dir, seed=1)
     serving = EagleServing(net, torch.device("cpu"), use_blocks=True)
-    assert serving.fused
+    weights = serving.fused
+    assert weights is not None
     emb, feat = torch.randn(7, arch.hidden_size), torch.randn(7, arch.hidden_size)
     outs = []
     for fused in (True, False):
-        serving.fused = fused
+        serving.fused = weights if fused else None
         kv = KVCache(1, 8, 4, arch.num_key_value_heads, arch.head_dim, torch.float32, torch.device("cpu"))
         out = []
         for a, b in ((0, 5), (5, 6), (6, 7)):  # a catch-up span, then single draft rows
