@@ -53,16 +53,18 @@ class DraftPicker:
 
     def __init__(self, target_vocab: int, device: torch.device, vocab_ids: Optional[torch.Tensor] = None):
         self.target_vocab, self.device, self.vocab_ids = target_vocab, device, vocab_ids
+        self.vocab_list = None if vocab_ids is None else vocab_ids.tolist()  # draft id -> target id
         self.generators: dict[str, torch.Generator] = {}
 
     def pick(self, requests: list[Request], logits: torch.Tensor):
         """logits [B, V_draft] -> (token ids [B], q rows [B, V_target] or None per request, confidence [B])."""
         probs = torch.softmax(logits.float(), dim=-1)
         tokens, qs, conf = [], [], []
-        best = probs.argmax(-1).tolist()
+        top_p, top = probs.max(-1)
+        best, best_p = top.tolist(), top_p.tolist()
         for i, r in enumerate(requests):
             if r.params.greedy:
-                tok, q, c = best[i], None, float(probs[i, best[i]])
+                tok, q, c = best[i], None, best_p[i]
             else:
                 q_sub = warp_logits(logits[i:i + 1].float(), r.params)[0]
                 g = self.generators.get(r.request_id)
@@ -71,7 +73,7 @@ class DraftPicker:
                 tok = draw(q_sub, g)
                 c = float(q_sub[tok])
                 q = q_sub if self.vocab_ids is None else torch.zeros(self.target_vocab, device=q_sub.device).index_copy_(0, self.vocab_ids, q_sub)
-            tokens.append(tok if self.vocab_ids is None else int(self.vocab_ids[tok]))
+            tokens.append(tok if self.vocab_list is None else self.vocab_list[tok])
             qs.append(q)
             conf.append(c)
         return tokens, qs, conf

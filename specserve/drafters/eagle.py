@@ -103,10 +103,11 @@ class EagleDrafter(Drafter):
 
         def advance(rows, tokens, reqs, j):
             # One speculative row per request: (its predicted feature, the token just drafted).
-            keep = torch.tensor(rows, device=f_hat.device)
+            f = state["f_hat"]
+            if len(rows) < len(f):  # some requests stopped drafting
+                f = f.index_select(0, torch.tensor(rows, device=f.device))
             pos = [r.num_tokens - 1 + j for r in reqs]
-            state["f_hat"] = self._forward(reqs, state["f_hat"].index_select(0, keep), tokens, pos,
-                                           [1] * len(reqs), [p + 1 for p in pos])
+            state["f_hat"] = self._forward(reqs, f, tokens, pos, [1] * len(reqs), [p + 1 for p in pos])
             return self._logits(state["f_hat"])
 
         drafts.update(autoregressive_drafts(live, max_len, min_confidence, self.picker, self._logits(f_hat), advance))

@@ -43,11 +43,12 @@ class LlamaModel:
         embed = weights["embed"]
         head = embed if arch.tie_word_embeddings else weights["lm_head"]
         self.lm_head = Linear([head], None, dtype, device, use_blocks)
-        if self.lm_head.block is not None and head is embed:
-            self.embed_rows = self.lm_head.block.rows  # tied and blocked: look rows up in the blocks
-        elif isinstance(embed, QuantizedWeight) and use_blocks and embed.type_name in kernels.BlockWeight.SUPPORTED:
+        if head is not embed and isinstance(embed, QuantizedWeight) and use_blocks \
+                and embed.type_name in kernels.BlockWeight.SUPPORTED:
             self.embed_rows = kernels.BlockWeight(embed.type_name, embed.raw, embed.shape).rows
         else:
+            # Tied: the head's dense copy (kept for prefill-sized products anyway) is the table; one
+            # gather, where dequantising the looked-up rows from blocks costs ~8 small ops per step.
             table = self.lm_head.dense if head is embed else as_dense(embed).to(device, dtype)
             self.embed_rows = lambda ids: F.embedding(ids, table)
         self.rotary = Rotary(arch.head_dim, arch.rope_theta, arch.rope_scaling,
