@@ -67,7 +67,7 @@ class CostModel:
         self.target: dict[int, float] = {}  # measured whole-step seconds by rows
         self.calibrated: dict[int, float] = {}  # bare target pass seconds by rows
         self.draft: dict[int, float] = {}
-        self.overhead: dict[int, float] = {}  # whole step minus the bare pass, by sequences in the step
+        self.scale: dict[int, float] = {}  # whole step over the bare pass, by sequences in the step
         self.ema = ema
         self.alpha_num, self.alpha_den = 0.0, 0.0  # decayed counts of accepted and (accepted + rejections)
         # What drafting steps actually yielded, by batch size: [tokens emitted per sequence, target rows
@@ -77,23 +77,27 @@ class CostModel:
     def record_target(self, rows: int, seconds: float, batch: Optional[int] = None) -> None:
         old = self.target.get(rows)
         self.target[rows] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
-        if batch is not None and self.calibrated:
-            # What a step of `batch` sequences costs beyond the bare pass over its rows (sampling,
-            # bookkeeping, verification, attention over more sequences): it grows with the sequences,
-            # not with the rows, so it is kept by batch size.
-            extra = seconds - self._interp(self.calibrated, rows)
-            old = self.overhead.get(batch)
-            self.overhead[batch] = extra if old is None else (1 - self.ema) * old + self.ema * extra
+        if batch is not None and self.calibrated and rows <= max(self.calibrated):  # not prefill-sized steps
+            # Whole steps of `batch` sequences against the bare passes over their rows: this covers
+            # what grows with the sequences (sampling, bookkeeping, attention over more of them) and,
+            # above all, the machine running faster or slower than at calibration (a shared VM
+            # drifts by tens of percent), which would otherwise skew the curve's slope against its level.
+            ratio = seconds / self._interp(self.calibrated, rows)
+            old = self.scale.get(batch)
+            self.scale[batch] = ratio if old is None else (1 - self.ema) * old + self.ema * ratio
 
     def record_calibration(self, rows: int, seconds: float) -> None:
-        self.calibrated[rows] = seconds
+        """A bare pass over `rows` rows (record in increasing rows). A pass over more rows is never
+        cheaper: a measurement below the one before is noise, and would bend the curve."""
+        below = [self.calibrated[r] for r in self.calibrated if r < rows]
+        self.calibrated[rows] = max([seconds] + below)
 
     def step_seconds(self, rows: int, batch: Optional[int] = None) -> Optional[float]:
         """A whole step's seconds with `rows` target rows (over `batch` sequences, when known: then the
-        bare pass over the rows plus that batch size's measured overhead, which keeps apart what rows
-        cost and what sequences cost; measured steps of a row count mix batch sizes)."""
-        if batch is not None and batch in self.overhead:
-            return self._interp(self.calibrated, rows) + self.overhead[batch]
+        bare pass over the rows times what whole steps of that batch size measure against bare passes;
+        measured steps of one row count mix batch sizes, and a table of them fills in slowly)."""
+        if batch is not None and batch in self.scale:
+            return self._interp(self.calibrated, rows) * self.scale[batch]
         if rows in self.target or not self.calibrated:
             return self._interp(self.target, rows)
         # Unmeasured: the bare pass plus what steps measured so far cost beyond their bare pass.
@@ -104,11 +108,12 @@ class CostModel:
         """step_seconds(rows, batch) for rows = lo .. hi, in one go (the draft selection scans it every step)."""
         if not self.target and not self.calibrated:
             return None
-        if batch is not None and batch in self.overhead:
-            extra, measured = self.overhead[batch], {}
+        scale, extra, measured = 1.0, 0.0, self.target
+        if batch is not None and batch in self.scale:
+            scale, measured = self.scale[batch], {}
         else:
             diffs = [self.target[r] - self.calibrated[r] for r in self.target if r in self.calibrated]
-            extra, measured = (sum(diffs) / len(diffs) if diffs else 0.0), self.target
+            extra = sum(diffs) / len(diffs) if diffs else 0.0
         if not self.calibrated:
             return [self._interp(self.target, r) for r in range(lo, hi + 1)]
         table, keys = self.calibrated, sorted(self.calibrated)
@@ -119,9 +124,9 @@ class CostModel:
             elif _between_keys(keys, rows):
                 i = bisect.bisect_left(keys, rows)
                 a, b = keys[i - 1], keys[i]
-                out.append(table[a] + (table[b] - table[a]) * (rows - a) / (b - a) + extra)
+                out.append((table[a] + (table[b] - table[a]) * (rows - a) / (b - a)) * scale + extra)
             else:
-                out.append(self._interp(table, rows) + extra)
+                out.append(self._interp(table, rows) * scale + extra)
         return out
 
     def record_draft(self, batch: int, seconds_per_step: float) -> None:

@@ -68,6 +68,21 @@ def test_cost_model_adds_measured_overhead_to_calibrated_passes():
     assert c.step_seconds(6) == pytest.approx(25e-3)
 
 
+def test_step_curve_scales_calibration_by_what_steps_of_the_batch_size_measure():
+    c = CostModel()
+    for rows, ms in {1: 10, 2: 13, 4: 19, 8: 31}.items():
+        c.record_calibration(rows, ms / 1e3)
+    c.record_calibration(12, 25e-3)  # cheaper than 8 rows: noise, clamped to the 8-row pass
+    assert c.calibrated[12] == pytest.approx(31e-3)
+    c.record_target(1, 15e-3, batch=1)  # the machine runs 1.5x slower than at calibration
+    assert c.step_seconds(2, 1) == pytest.approx(19.5e-3)
+    assert c.step_curve(1, 4, 1) == pytest.approx([15e-3, 19.5e-3, 24e-3, 28.5e-3])
+    c.record_target(400, 2.0, batch=1)  # a prefill: beyond the calibration, not a decode step's cost
+    assert c.scale[1] == pytest.approx(1.5)
+    # no batch-4 step yet: the bare pass plus what measured steps cost beyond theirs (15 - 10 ms)
+    assert c.step_seconds(8, 4) == pytest.approx(36e-3)
+
+
 def test_break_even_confidence_from_measured_costs():
     c = CostModel()
     for rows, ms in {1: 10, 2: 13, 8: 30, 16: 54}.items():
