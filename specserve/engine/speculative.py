@@ -141,14 +141,13 @@ class CostModel:
     def alpha(self) -> Optional[float]:
         return self.alpha_num / self.alpha_den if self.alpha_den > 0 else None
 
-    def record_yield(self, batch: int, tokens: int, rows: int, draft_seconds: float, ema: float = 0.1) -> None:
-        """A drafting step over `batch` sequences emitted `tokens` from `rows` target rows. (A slower
-        average than the timings': one step's tokens swing from 1 to 1 + k per sequence.)"""
+    def record_yield(self, batch: int, tokens: int, rows: int, draft_seconds: float, ema: float = 0.2) -> None:
+        """A drafting step over `batch` sequences emitted `tokens` from `rows` target rows."""
         new = [tokens / batch, rows / batch, draft_seconds]
         old = self.yields.get(batch)
         self.yields[batch] = new if old is None else [(1 - ema) * o + ema * n for o, n in zip(old, new)]
 
-    def drafting_pays(self, batch: int, margin: float = 1.02) -> Optional[bool]:
+    def drafting_pays(self, batch: int, margin: float = 0.97) -> Optional[bool]:
         """Whether drafting steps at this batch size emit more tokens per second than plain steps, from
         what drafting steps yielded so far (None: none measured yet). Unlike a prediction from the
         acceptance rate, this counts what the formula leaves out: drafts cut by the selection (verified
@@ -232,7 +231,7 @@ DRAFT_COST_GUESS = 0.1  # draft step / target step, for decisions that must not 
 
 class SpeculativeDecoder:
     def __init__(self, drafter: Drafter, make_policy: Callable[[], DraftLengthPolicy], fallback: bool = True,
-                 retry_every: int = 4, retry_max: int = 32, prior_alpha: float = 0.5):
+                 retry_every: int = 4, retry_max: int = 16, prior_alpha: float = 0.5):
         self.drafter, self.make_policy, self.fallback = drafter, make_policy, fallback
         self.policy = make_policy()  # shared by the batch, as BASS adapts one length for all
         # A seeded sampled request gets a policy of its own, and its fallback looks only at its own
@@ -245,7 +244,7 @@ class SpeculativeDecoder:
         self.stats = SpecStats()
         # After retry plain steps in a row, one drafting step measures again whether drafting pays;
         # retry starts at retry_every and doubles (up to retry_max) while those probes find it does not
-        # (so at worst one losing drafting step every retry_max steps: ~1% of a run).
+        # (so at worst one losing drafting step every retry_max steps: a few percent of a run at most).
         self.retry_every, self.retry_max = retry_every, retry_max
         self._retry = retry_every
         self._probed = False
@@ -342,7 +341,7 @@ class SpeculativeDecoder:
         curve = self.costs.step_curve(batch, batch + sum(len(d.tokens) for d in drafts), batch)
         if curve is None or any(t is None for t in curve):
             return drafts
-        return select_drafts(drafts, curve, self._step_yield[3] if self._step_yield is not None else 0.0)
+        return select_drafts(drafts, curve)
 
     # --- after the target pass ------------------------------------------------------------------
     def verify(self, requests: list[Request], logits: list[torch.Tensor], generators: list) -> list[tuple[int, list[int]]]:
@@ -410,7 +409,9 @@ class SpeculativeDecoder:
         number of sequences it computed."""
         self.costs.record_target(rows, seconds, batch)
         if self._step_yield is not None:
-            self.costs.record_yield(*self._step_yield)
+            # A probe (the first drafting step after plain ones) weighs more: while drafting is off,
+            # probes are the only news of a sequence turning predictable again.
+            self.costs.record_yield(*self._step_yield, ema=0.5 if self._probed else 0.2)
             self._step_yield = None
         self.stats.target_steps += 1
         self.stats.target_seconds += target_seconds
@@ -428,14 +429,16 @@ class SpeculativeDecoder:
         return t_draft / t_target if t_draft and t_target else None
 
 
-def select_drafts(drafts: list[Draft], curve: list[float], draft_seconds: float = 0.0) -> list[Draft]:
+def select_drafts(drafts: list[Draft], curve: list[float]) -> list[Draft]:
     """Which draft tokens to verify. A token is accepted with about its cumulative confidence (the
     drafters' confidences are calibrated), and curve[n] is the measured time of a step with n draft
-    rows on top of one row per sequence. Taking tokens by falling cumulative confidence (a sequence's
-    tokens in order), keep the count n that gives the most expected tokens per second for the step,
-    drafting time included. On a CPU the curve is not a line (past BLOCK_KERNEL_MAX_ROWS the pass
-    switches to dense products), so this is a budget for the whole batch rather than a per-token
-    threshold. It looks at draft-side information only, so verification stays exact."""
+    rows on top of one row per sequence. A token is worth its row when its chance of acceptance beats
+    the tokens that row's time would give plain decoding (curve[0] / batch seconds per token): taking
+    tokens by falling cumulative confidence (a sequence's tokens in order), keep the count with the
+    most expected tokens beyond that cost. Time already spent drafting is sunk and changes nothing here.
+    On a CPU the curve is not a line (past BLOCK_KERNEL_MAX_ROWS the pass switches to dense products),
+    so this is a budget for the whole batch rather than a per-token threshold. It looks at draft-side
+    information only, so verification stays exact."""
     batch = len(drafts)
     candidates = []  # (cumulative confidence, position in its draft, sequence)
     for i, d in enumerate(drafts):
@@ -444,13 +447,13 @@ def select_drafts(drafts: list[Draft], curve: list[float], draft_seconds: float 
             cum *= c
             candidates.append((cum, j, i))
     candidates.sort(key=lambda t: (-t[0], t[1]))
-    best_n, best_rate, expected = 0, None, 0.0
-    for n, t in enumerate(curve[:len(candidates) + 1]):
-        if n:
-            expected += candidates[n - 1][0]
-        rate = (batch + expected) / (t + draft_seconds)
-        if best_rate is None or rate > best_rate:
-            best_n, best_rate = n, rate
+    plain_rate = batch / curve[0]  # tokens per second without drafts
+    best_n, best_surplus, expected = 0, 0.0, 0.0
+    for n, t in enumerate(curve[1:len(candidates) + 1], start=1):
+        expected += candidates[n - 1][0]
+        surplus = expected - plain_rate * (t - curve[0])
+        if surplus > best_surplus:
+            best_n, best_surplus = n, surplus
     keep = [0] * batch
     for _, j, i in candidates[:best_n]:
         keep[i] = max(keep[i], j + 1)
