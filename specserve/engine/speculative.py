@@ -147,7 +147,7 @@ class CostModel:
         old = self.yields.get(batch)
         self.yields[batch] = new if old is None else [(1 - ema) * o + ema * n for o, n in zip(old, new)]
 
-    def drafting_pays(self, batch: int, margin: float = 0.97) -> Optional[bool]:
+    def drafting_pays(self, batch: int, margin: float = 1.0) -> Optional[bool]:
         """Whether drafting steps at this batch size emit more tokens per second than plain steps, from
         what drafting steps yielded so far (None: none measured yet). Unlike a prediction from the
         acceptance rate, this counts what the formula leaves out: drafts cut by the selection (verified
