@@ -1,12 +1,14 @@
 """Speculative decoding inside the step loop: draft before scheduling, verify after the target pass.
 
 Each step, for the requests that are decoding:
-  1. the draft-length policy says how long drafts may be; the cost model (measured target pass
-     times by number of rows, measured draft step times, measured acceptance) picks the length up to
-     that which it predicts to give the most tokens per second, and when that is 0 (drafting would
-     cost more than it yields) the step is a plain decoding step (tried again later);
-  2. the drafter proposes; the tokens become `request.draft_token_ids`, which the scheduler simply
-     counts as more tokens to compute;
+  1. the draft-length policy says how far to draft; the cost model (calibrated target passes by rows,
+     scaled by what whole steps of the batch size measure; draft step times; what drafting steps
+     yielded) says whether drafting pays at this batch size, and when it does not the step is a plain
+     decoding step that verifies only free drafts (prompt lookups), with a drafting step now and then
+     to measure again;
+  2. the drafter proposes; `select_drafts` keeps, for the whole batch, the draft tokens whose chance of
+     acceptance (their calibrated confidence) beats what their rows cost on the step-time curve; they
+     become `request.draft_token_ids`, which the scheduler simply counts as more tokens to compute;
   3. after the target pass, `verify` turns each request's 1 + k logits rows into accepted tokens plus
      one more (modified rejection sampling, or prefix match for greedy), and the engine moves
      `num_computed_tokens` to 1 + accepted, which rolls the rejected rows back.
