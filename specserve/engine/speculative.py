@@ -98,13 +98,8 @@ class CostModel:
         """A whole step's seconds with `rows` target rows (over `batch` sequences, when known: then the
         bare pass over the rows times what whole steps of that batch size measure against bare passes;
         measured steps of one row count mix batch sizes, and a table of them fills in slowly)."""
-        if batch is not None and batch in self.scale:
-            return self._interp(self.calibrated, rows) * self.scale[batch]
-        if rows in self.target or not self.calibrated:
-            return self._interp(self.target, rows)
-        # Unmeasured: the bare pass plus what steps measured so far cost beyond their bare pass.
-        extra = [self.target[r] - self.calibrated[r] for r in self.target if r in self.calibrated]
-        return self._interp(self.calibrated, rows) + (sum(extra) / len(extra) if extra else 0.0)
+        curve = self.step_curve(rows, rows, batch)
+        return None if curve is None else curve[0]
 
     def step_curve(self, lo: int, hi: int, batch: Optional[int] = None) -> Optional[list[float]]:
         """step_seconds(rows, batch) for rows = lo .. hi, in one go (the draft selection scans it every step)."""
@@ -114,6 +109,8 @@ class CostModel:
         if batch is not None and batch in self.scale:
             scale, measured = self.scale[batch], {}
         else:
+            # Without steps of this batch size: measured steps by rows, else the bare pass plus what
+            # steps measured so far cost beyond their bare pass.
             diffs = [self.target[r] - self.calibrated[r] for r in self.target if r in self.calibrated]
             extra = sum(diffs) / len(diffs) if diffs else 0.0
         if not self.calibrated:
