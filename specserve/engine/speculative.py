@@ -128,6 +128,10 @@ class CostModel:
                 out.append(self._interp(table, rows) * scale + extra)
         return out
 
+    def draft_step_seconds(self, batch: int) -> Optional[float]:
+        """Measured seconds of one steady draft step at this batch size (interpolated; None before any)."""
+        return self._interp(self.draft, batch)
+
     def record_draft(self, batch: int, seconds_per_step: float) -> None:
         old = self.draft.get(batch)
         self.draft[batch] = seconds_per_step if old is None else (1 - self.ema) * old + self.ema * seconds_per_step
@@ -189,7 +193,7 @@ class CostModel:
             t_target = self._interp(self.calibrated, batch * (k + 1))
             t_draft = DRAFT_COST_GUESS * self._interp(self.calibrated, 1)
         else:
-            t_target, t_draft = self.step_seconds(batch * (k + 1)), self._interp(self.draft, batch)
+            t_target, t_draft = self.step_seconds(batch * (k + 1)), self.draft_step_seconds(batch)
             alpha = self.alpha if alpha is None else alpha
         if t_target is None:
             return None
@@ -208,7 +212,7 @@ class CostModel:
         t_plain, t_more = self.step_seconds(batch, batch), self.step_seconds(2 * batch, batch)
         if t_plain is None or t_more is None:
             return None
-        t_draft = self._interp(self.draft, batch)
+        t_draft = self.draft_step_seconds(batch)
         if t_draft is None:  # before the first draft step is timed
             t_draft = DRAFT_COST_GUESS * self.step_seconds(1)
         t_row = max(0.0, t_more - t_plain) / batch
@@ -323,7 +327,7 @@ class SpeculativeDecoder:
         if self._step_yield is not None and longest:
             # A steady draft step's cost: the first draft after a prompt catches up on all of it once,
             # which says nothing about the steps to come.
-            t = self.costs._interp(self.costs.draft, len(requests))
+            t = self.costs.draft_step_seconds(len(requests))
             self._step_yield[3] = longest * (t if t is not None else DRAFT_COST_GUESS * self.costs.step_seconds(1))
         self._use(requests, self._select(drafts) if select else drafts)
 
@@ -423,7 +427,7 @@ class SpeculativeDecoder:
     @property
     def c(self) -> Optional[float]:
         """Draft step time / target step time at batch 1 (Leviathan's c), from the measurements."""
-        t_draft = self.costs._interp(self.costs.draft, 1)
+        t_draft = self.costs.draft_step_seconds(1)
         t_target = self.costs.step_seconds(1)
         return t_draft / t_target if t_draft and t_target else None
 
