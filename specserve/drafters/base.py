@@ -34,6 +34,11 @@ class Draft:
 class Drafter:
     wants_hidden_states = False  # True: observe() gets the target's last hidden states
     last_catchup_rows = 0  # rows the last propose() fed before drafting (the prompt, the first time)
+    # Draft-model passes the last propose() ran (its longest model draft: one pass per drafted position)
+    # and over how many requests; 0 when no model ran (lookups only), so that free lookups are not
+    # timed as if they were draft-model steps.
+    last_model_passes = 0
+    last_model_batch = 0
 
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> list[Draft]:
         """Up to max_len draft tokens per request. With min_confidence, stop a request's draft once the

@@ -26,6 +26,7 @@ class DraftModelDrafter(Drafter):
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> list[Draft]:
         drafts = {r.request_id: Draft() for r in requests}
         live = [r for r in requests if max_len > 0 and self.kv.reserve(r.request_id, r.num_tokens + max_len - 1)]
+        self.last_model_passes = self.last_model_batch = 0
         if not live:
             return [drafts[r.request_id] for r in requests]
         # Catch-up: every token the draft has not seen yet (the whole prompt the first time).
@@ -40,6 +41,8 @@ class DraftModelDrafter(Drafter):
             return self._forward(reqs, [[t] for t in tokens], [r.num_tokens + j for r in reqs])
 
         drafts.update(autoregressive_drafts(live, max_len, min_confidence, self.picker, logits, advance))
+        self.last_model_passes = max(len(drafts[r.request_id].tokens) for r in live)
+        self.last_model_batch = len(live)
         for r in live:
             self.proposed_at[r.request_id] = (r.num_tokens, len(drafts[r.request_id].tokens) - 1)
         return [drafts[r.request_id] for r in requests]

@@ -79,6 +79,7 @@ class EagleDrafter(Drafter):
         drafts = {r.request_id: Draft() for r in requests}
         live = [r for r in requests if max_len > 0 and self._ready(r)
                 and self.kv.reserve(r.request_id, r.num_tokens - 1 + max_len)]
+        self.last_model_passes = self.last_model_batch = 0
         if not live:
             return [drafts[r.request_id] for r in requests]
         # Catch-up: every unconsumed target feature, with the token that follows it.
@@ -111,6 +112,8 @@ class EagleDrafter(Drafter):
             return self._logits(state["f_hat"])
 
         drafts.update(autoregressive_drafts(live, max_len, min_confidence, self.picker, self._logits(f_hat), advance))
+        self.last_model_passes = max(len(drafts[r.request_id].tokens) for r in live)
+        self.last_model_batch = len(live)
         return [drafts[r.request_id] for r in requests]
 
     def _forward(self, reqs, feats, tokens, positions, q_lens, kv_lens) -> torch.Tensor:

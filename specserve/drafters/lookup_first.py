@@ -25,11 +25,13 @@ class LookupFirstDrafter(Drafter):
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> list[Draft]:
         drafts = self.lookup.propose(requests, max_len, min_confidence)
         missing = [i for i, d in enumerate(drafts) if not d.tokens]
-        self.last_catchup_rows = 0
+        self.last_catchup_rows = self.last_model_passes = self.last_model_batch = 0
         if missing:
             for i, d in zip(missing, self.model.propose([requests[i] for i in missing], max_len, min_confidence)):
                 drafts[i] = d
-            self.last_catchup_rows = self.model.last_catchup_rows
+            m = self.model
+            self.last_catchup_rows, self.last_model_passes, self.last_model_batch = \
+                m.last_catchup_rows, m.last_model_passes, m.last_model_batch
         return drafts
 
     def propose_free(self, requests: list[Request], max_len: int) -> Optional[list[Draft]]:

@@ -1,9 +1,9 @@
 """Speculative decoding inside the step loop: draft before scheduling, verify after the target pass.
 
 Each step, for the requests that are decoding:
-  1. the draft-length policy says how far to draft; the cost model (calibrated target passes by rows,
-     scaled by what whole steps of the batch size measure; draft step times; what drafting steps
-     yielded) says whether drafting pays at this batch size, and when it does not the step is a plain
+  1. the draft-length policy says how far to draft; the cost model (what drafting steps of this batch
+     size yielded per second, tokens over their measured step and draft-model time, against what plain
+     steps of the batch size measure) says whether drafting pays, and when it does not the step is a plain
      decoding step that verifies only free drafts (prompt lookups), with a drafting step now and then
      to measure again;
   2. the drafter proposes; `select_drafts` keeps, for the whole batch, the draft tokens whose chance of
@@ -73,10 +73,14 @@ class CostModel:
         self.ema = ema
         self.alpha_num, self.alpha_den = 0.0, 0.0  # decayed counts of accepted and (accepted + rejections)
         # What drafting steps actually yielded, by batch size: [tokens emitted per sequence, target rows
-        # per sequence, seconds of drafting], averaged over steps.
+        # per sequence, seconds of drafting, seconds of the step after drafting], averaged over steps.
         self.yields: dict[int, list[float]] = {}
+        self.plain: dict[int, float] = {}  # measured seconds of steps without drafts, by batch size
 
     def record_target(self, rows: int, seconds: float, batch: Optional[int] = None) -> None:
+        if batch is not None and rows == batch:  # one row per sequence: a plain decoding step
+            old = self.plain.get(batch)
+            self.plain[batch] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
         old = self.target.get(rows)
         self.target[rows] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
         if batch is not None and self.calibrated and rows <= max(self.calibrated):  # not prefill-sized steps
@@ -144,9 +148,11 @@ class CostModel:
     def alpha(self) -> Optional[float]:
         return self.alpha_num / self.alpha_den if self.alpha_den > 0 else None
 
-    def record_yield(self, batch: int, tokens: int, rows: int, draft_seconds: float, ema: float = 0.2) -> None:
-        """A drafting step over `batch` sequences emitted `tokens` from `rows` target rows."""
-        new = [tokens / batch, rows / batch, draft_seconds]
+    def record_yield(self, batch: int, tokens: int, rows: int, draft_seconds: float, step_seconds: float,
+                     ema: float = 0.2) -> None:
+        """A drafting step over `batch` sequences emitted `tokens` from `rows` target rows; its drafting
+        took draft_seconds and the rest of the step (target pass, verification, bookkeeping) step_seconds."""
+        new = [tokens / batch, rows / batch, draft_seconds, step_seconds]
         old = self.yields.get(batch)
         self.yields[batch] = new if old is None else [(1 - ema) * o + ema * n for o, n in zip(old, new)]
 
@@ -155,13 +161,14 @@ class CostModel:
         what drafting steps yielded so far (None: none measured yet). Unlike a prediction from the
         acceptance rate, this counts what the formula leaves out: drafts cut by the selection (verified
         rows per sequence well below k), draft passes whose tokens all got cut."""
-        y, t_plain = self.yields.get(batch), self.step_seconds(batch, batch)
+        y = self.yields.get(batch)
+        t_plain = self.plain.get(batch) or self.step_seconds(batch, batch)
         if y is None or t_plain is None:
             return None
-        tokens, rows, t_draft = y
-        t_step = self.step_seconds(max(batch, round(batch * rows)), batch)
-        if t_step is None:
-            return None
+        # Both sides as measured at this batch size: a verify step costs more than the cost curve says
+        # for its rows (verification, attention over several query rows per sequence, bookkeeping), and
+        # at batch 4 the curve's estimate had drafting win where it lost 7%.
+        tokens, rows, t_draft, t_step = y
         return tokens / (t_step + t_draft) > margin / t_plain
 
     @staticmethod
@@ -316,19 +323,24 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         drafts = self.drafter.propose(requests, k, min_confidence)
         seconds = time.perf_counter() - t0
-        longest = max((len(d.tokens) for d in drafts), default=0)  # draft steps run
+        longest = max((len(d.tokens) for d in drafts), default=0)
+        # Draft-model passes only: a step whose drafts all came from lookups ran none, and timing it as
+        # draft steps would drag the per-step estimate (and so every drafting decision) towards zero.
+        passes, model_batch = self.drafter.last_model_passes, self.drafter.last_model_batch
         # Time drafting only in steady state: after a prompt, plain steps or a probe the drafter first
         # catches up on every token it missed, a one-off that is not what a draft step costs.
-        steady = self.drafter.last_catchup_rows <= len(requests) * (k + 1)
+        steady = self.drafter.last_catchup_rows <= model_batch * (k + 1)
+        if passes and steady:
+            self.costs.record_draft(model_batch, seconds / passes)
         if longest:
-            if steady:
-                self.costs.record_draft(len(requests), seconds / longest)
             self.stats.draft_seconds += seconds
         if self._step_yield is not None and longest:
-            # A steady draft step's cost: the first draft after a prompt catches up on all of it once,
-            # which says nothing about the steps to come.
-            t = self.costs.draft_step_seconds(len(requests))
-            self._step_yield[3] = longest * (t if t is not None else DRAFT_COST_GUESS * self.costs.step_seconds(1))
+            # A steady drafting step's cost (the first draft after a prompt catches up on all of it
+            # once, which says nothing about the steps to come); lookups cost what they took.
+            t = self.costs.draft_step_seconds(model_batch) if passes else None
+            if passes and t is None:
+                t = DRAFT_COST_GUESS * self.costs.step_seconds(1)
+            self._step_yield[3] = passes * t if passes else seconds
         self._use(requests, self._select(drafts) if select else drafts)
 
     def _use(self, requests: list[Request], drafts: list[Draft]) -> None:
@@ -414,7 +426,7 @@ class SpeculativeDecoder:
         if self._step_yield is not None:
             # A probe (the first drafting step after plain ones) weighs more: while drafting is off,
             # probes are the only news of a sequence turning predictable again.
-            self.costs.record_yield(*self._step_yield, ema=0.5 if self._probed else 0.2)
+            self.costs.record_yield(*self._step_yield, step_seconds=seconds, ema=0.5 if self._probed else 0.2)
             self._step_yield = None
         self.stats.target_steps += 1
         self.stats.target_seconds += target_seconds

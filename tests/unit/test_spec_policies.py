@@ -139,11 +139,17 @@ def test_drafting_pays_compares_what_drafting_steps_yielded():
     for rows, ms in {1: 10, 2: 13, 3: 16, 8: 30, 16: 54}.items():
         c.record_target(rows, ms / 1e3)
     assert c.drafting_pays(1) is None  # nothing measured yet
-    c.record_yield(1, tokens=2, rows=2, draft_seconds=1e-3)  # 2 tokens per 14 ms vs 1 per 10 ms
+    c.record_yield(1, tokens=2, rows=2, draft_seconds=1e-3, step_seconds=13e-3)  # 2 tokens per 14 ms vs 1 per 10 ms
     assert c.drafting_pays(1) is True
-    # batch 8 emitting 9 tokens from 16 rows (52 ms + 2 ms) vs 8 per 30 ms
-    c.record_yield(8, tokens=9, rows=16, draft_seconds=2e-3)
+    # batch 8 emitting 9 tokens in 52 ms + 2 ms vs 8 per 30 ms
+    c.record_yield(8, tokens=9, rows=16, draft_seconds=2e-3, step_seconds=52e-3)
     assert c.drafting_pays(8) is False
+    # measured plain steps of the batch size, not the curve, set the bar: slower plain steps at batch 2
+    # (22 ms, where the curve says 13) make 3 tokens per 20 ms + 1 ms pay
+    c.record_yield(2, tokens=3, rows=6, draft_seconds=1e-3, step_seconds=20e-3)
+    assert c.drafting_pays(2) is False  # against the curve's 13 ms: 2 / 13 > 3 / 21
+    c.record_target(2, 22e-3, batch=2)
+    assert c.drafting_pays(2) is True
 
 
 def test_prompt_lookup_copies_what_followed_the_last_ngram():
@@ -180,3 +186,37 @@ def test_seeded_requests_with_the_same_length_draft_in_one_pass():
     spec.propose(reqs)
     assert sorted(drafter.calls) == [(["a", "b", "c"], 3), (["g"], 3)]
     assert all(r.draft_token_ids == [1, 1, 1] for r in reqs)
+
+
+def test_lookups_are_not_timed_as_draft_model_steps():
+    """A step whose drafts all came from lookups ran no draft model: its few microseconds must not
+    enter the per-step draft time (they had pulled c to ~0.007 and made drafting look free)."""
+    import time
+
+    from specserve.drafters.base import Draft, Drafter
+    from specserve.engine.speculative import SpeculativeDecoder
+    from specserve.types import Request, RequestStatus, SamplingParams
+
+    class Mixed(Drafter):
+        model_runs = False
+
+        def propose(self, requests, max_len, min_confidence=None):
+            if self.model_runs:
+                time.sleep(0.01)  # a draft model: 2 passes over the batch
+                self.last_model_passes, self.last_model_batch = 2, len(requests)
+                return [Draft([1, 2], None, [0.9, 0.9]) for _ in requests]
+            self.last_model_passes = self.last_model_batch = 0  # a lookup: found at once
+            return [Draft([1, 2, 3], None, [0.9, 0.9, 0.9]) for _ in requests]
+
+    def decoding(rid):
+        r = Request(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=8))
+        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 2
+        return r
+
+    drafter = Mixed()
+    spec = SpeculativeDecoder(drafter, lambda: make_policy("fixed", 3), fallback=False)
+    spec.propose([decoding("a")])
+    assert spec.costs.draft_step_seconds(1) is None  # lookups only: nothing recorded
+    drafter.model_runs = True
+    spec.propose([decoding("b")])
+    assert spec.costs.draft_step_seconds(1) >= 0.005  # 10 ms over 2 passes, not over 3 lookup tokens
