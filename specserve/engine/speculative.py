@@ -72,8 +72,8 @@ class CostModel:
         self.scale: dict[int, float] = {}  # whole step over the bare pass, by sequences in the step
         self.ema = ema
         self.alpha_num, self.alpha_den = 0.0, 0.0  # decayed counts of accepted and (accepted + rejections)
-        # What drafting steps actually yielded, by batch size: [tokens emitted per sequence, target rows
-        # per sequence, seconds of drafting, seconds of the step after drafting], averaged over steps.
+        # What drafting steps actually yielded, by batch size: [tokens emitted per sequence, seconds of
+        # drafting, seconds of the step after drafting], averaged over steps.
         self.yields: dict[int, list[float]] = {}
         self.plain: dict[int, float] = {}  # measured seconds of steps without drafts, by batch size
 
@@ -148,11 +148,11 @@ class CostModel:
     def alpha(self) -> Optional[float]:
         return self.alpha_num / self.alpha_den if self.alpha_den > 0 else None
 
-    def record_yield(self, batch: int, tokens: int, rows: int, draft_seconds: float, step_seconds: float,
+    def record_yield(self, batch: int, tokens: int, draft_seconds: float, step_seconds: float,
                      ema: float = 0.2) -> None:
-        """A drafting step over `batch` sequences emitted `tokens` from `rows` target rows; its drafting
-        took draft_seconds and the rest of the step (target pass, verification, bookkeeping) step_seconds."""
-        new = [tokens / batch, rows / batch, draft_seconds, step_seconds]
+        """A drafting step over `batch` sequences emitted `tokens`; its drafting took draft_seconds and
+        the rest of the step (target pass, verification, bookkeeping) step_seconds."""
+        new = [tokens / batch, draft_seconds, step_seconds]
         old = self.yields.get(batch)
         self.yields[batch] = new if old is None else [(1 - ema) * o + ema * n for o, n in zip(old, new)]
 
@@ -168,7 +168,7 @@ class CostModel:
         # Both sides as measured at this batch size: a verify step costs more than the cost curve says
         # for its rows (verification, attention over several query rows per sequence, bookkeeping), and
         # at batch 4 the curve's estimate had drafting win where it lost 7%.
-        tokens, rows, t_draft, t_step = y
+        tokens, t_draft, t_step = y
         return tokens / (t_step + t_draft) > margin / t_plain
 
     @staticmethod
@@ -316,7 +316,7 @@ class SpeculativeDecoder:
         # at the rate a batch's second row costs; `_select` then cuts along the measured cost curve.
         gate = self.costs.break_even_confidence(batch) if self.fallback else None
         floors = [c for c in (self.policy.min_confidence, gate) if c is not None]
-        self._step_yield = [batch, batch, batch, 0.0]  # batch, tokens, rows, draft seconds
+        self._step_yield = [batch, batch, 0.0]  # batch, tokens, draft seconds
         self._draft(shared, k, max(floors) if floors else None, select=self.fallback)
 
     def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float], select: bool = False) -> None:
@@ -337,10 +337,11 @@ class SpeculativeDecoder:
         if self._step_yield is not None and longest:
             # A steady drafting step's cost (the first draft after a prompt catches up on all of it
             # once, which says nothing about the steps to come); lookups cost what they took.
-            t = self.costs.draft_step_seconds(model_batch) if passes else None
-            if passes and t is None:
-                t = DRAFT_COST_GUESS * self.costs.step_seconds(1)
-            self._step_yield[3] = passes * t if passes else seconds
+            if passes:
+                t = self.costs.draft_step_seconds(model_batch)
+                self._step_yield[2] = passes * (t if t is not None else DRAFT_COST_GUESS * self.costs.step_seconds(1))
+            else:
+                self._step_yield[2] = seconds
         self._use(requests, self._select(drafts) if select else drafts)
 
     def _use(self, requests: list[Request], drafts: list[Draft]) -> None:
@@ -402,7 +403,6 @@ class SpeculativeDecoder:
         shared = [i for i, r in enumerate(requests) if not self._seeded(r)]
         if self._step_yield is not None:
             self._step_yield[1] += sum(accepted[i] for i in shared)
-            self._step_yield[2] += sum(drafted[i] for i in shared)
         if shared:
             self.policy.update([drafted[i] for i in shared], [accepted[i] for i in shared], [confidences[i] for i in shared])
         for i, r in enumerate(requests):

@@ -139,14 +139,14 @@ def test_drafting_pays_compares_what_drafting_steps_yielded():
     for rows, ms in {1: 10, 2: 13, 3: 16, 8: 30, 16: 54}.items():
         c.record_target(rows, ms / 1e3)
     assert c.drafting_pays(1) is None  # nothing measured yet
-    c.record_yield(1, tokens=2, rows=2, draft_seconds=1e-3, step_seconds=13e-3)  # 2 tokens per 14 ms vs 1 per 10 ms
+    c.record_yield(1, tokens=2, draft_seconds=1e-3, step_seconds=13e-3)  # 2 tokens per 14 ms vs 1 per 10 ms
     assert c.drafting_pays(1) is True
     # batch 8 emitting 9 tokens in 52 ms + 2 ms vs 8 per 30 ms
-    c.record_yield(8, tokens=9, rows=16, draft_seconds=2e-3, step_seconds=52e-3)
+    c.record_yield(8, tokens=9, draft_seconds=2e-3, step_seconds=52e-3)
     assert c.drafting_pays(8) is False
     # measured plain steps of the batch size, not the curve, set the bar: slower plain steps at batch 2
     # (22 ms, where the curve says 13) make 3 tokens per 20 ms + 1 ms pay
-    c.record_yield(2, tokens=3, rows=6, draft_seconds=1e-3, step_seconds=20e-3)
+    c.record_yield(2, tokens=3, draft_seconds=1e-3, step_seconds=20e-3)
     assert c.drafting_pays(2) is False  # against the curve's 13 ms: 2 / 13 > 3 / 21
     c.record_target(2, 22e-3, batch=2)
     assert c.drafting_pays(2) is True
