@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import torch
 
-SOURCES = ("block_matmul.cpp", "elementwise.cpp", "attention.cpp", "decoder_layer.cpp")
+SOURCES = ("block_matmul.cpp", "block_matmul_avx512.cpp", "elementwise.cpp", "attention.cpp", "decoder_layer.cpp")
 _ext = None
 _tried = False
 

@@ -14,11 +14,18 @@
 // BLOCK_KERNEL_MAX_ROWS rows in models/layers.py; larger ones use dense fp32 products).
 //
 // Threads split the output columns (at::parallel_for); within a thread, each unpacked weight block
-// feeds up to 8 activation rows (decode batches and verify spans) held in registers.
+// feeds up to 8 activation rows (decode batches and verify spans) held in registers, and weight
+// columns are prefetched a few ahead. On CPUs with AVX-512, calls go to block_matmul_avx512.cpp
+// instead (same contract, fewer operations per row).
 #include "ops.h"
+#include "block_tile.h"
 
 namespace specserve {
 namespace {
+
+using block::Args;
+using block::prefetch_column;
+using block::PREFETCH_COLUMNS;
 
 // hsum(a) + sum_b m_b * xsum_b (Q4 only), 8 blocks at a time: how every output ends.
 template <bool Q4>
@@ -51,16 +58,6 @@ inline void unpack_q8(const int8_t* qs, __m256 q[4]) {
   }
 }
 
-struct Args {
-  const uint8_t* qs;  // [N, row_bytes]
-  const float* d;     // [N, nblocks]
-  const float* m;     // [N, nblocks] (Q4)
-  const float* x;     // [M, K]
-  const float* xsum;  // [M, nblocks] (Q4)
-  float* y;           // [M, N]
-  int64_t N, K, nblocks, row_bytes;
-};
-
 // Output column n for rows r0 .. r0+R-1. Per block: t = q . x with the unscaled integers (a product
 // and three FMAs over the block's four chunks), then acc += d * t; at the end the min term. The
 // same sequence of operations for every row, whatever R: R only sets how many rows share an unpacked
@@ -91,24 +88,6 @@ inline void column(const Args& a, int64_t r0, int64_t n) {
     a.y[(r0 + r) * a.N + n] = finish<Q4>(Q4 ? a.m + n * a.nblocks : nullptr,
                                          Q4 ? a.xsum + (r0 + r) * a.nblocks : nullptr, a.nblocks, acc[r]);
 }
-
-// Ask for column n's packed bytes, scales and mins ahead of use. A column's three streams are only a
-// few cache lines each, too short for the hardware prefetcher to get ahead of them, and one row's
-// work per block (a few ns) is far less than a miss to L3 or DRAM costs: without this, a one-row pass
-// over weights that are not in L2 runs at a third of the memory bandwidth. (Inline asm: GCC deleted
-// loops of __builtin_prefetch here as side-effect free.)
-inline void prefetch_lines(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t off = 0; off < bytes; off += 64) asm volatile("prefetcht0 %0" : : "m"(c[off]));
-}
-
-inline void prefetch_column(const Args& a, int64_t n) {
-  prefetch_lines(a.qs + n * a.row_bytes, a.row_bytes);
-  prefetch_lines(a.d + n * a.nblocks, a.nblocks * 4);
-  if (a.m) prefetch_lines(a.m + n * a.nblocks, a.nblocks * 4);
-}
-
-constexpr int64_t PREFETCH_COLUMNS = 4;
 
 template <int R, bool Q4>
 inline void columns(const Args& a, int64_t r0, int64_t n0, int64_t n1, int64_t n_end) {
@@ -145,7 +124,19 @@ void run(const Args& a, int64_t M, int64_t n0, int64_t n1) {
   }
 }
 
+// Whether calls use the AVX-512 build: where the CPU has it, unless SPECSERVE_NO_AVX512 is set or a
+// test switches it (block_kernel_avx512). Never switch while generating: a row's bits would change.
+bool& use_avx512() {
+  static bool on = block::cpu_has_avx512() && !std::getenv("SPECSERVE_NO_AVX512");
+  return on;
+}
+
 }  // namespace
+
+bool block_kernel_avx512(c10::optional<bool> enable) {
+  if (enable) use_avx512() = *enable && block::cpu_has_avx512();
+  return use_avx512();
+}
 
 torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scales, torch::Tensor mins,
                            bool is_q4) {
@@ -155,8 +146,9 @@ torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scal
   TORCH_CHECK(K % QK == 0, "K must be a multiple of 32");
   auto y = torch::empty({M, N}, x.options());
   if (M == 0) return y;
+  const bool avx512 = use_avx512();
   torch::Tensor xsum;
-  if (is_q4) {  // [M, K/32] block sums of x, for the min term
+  if (is_q4 && !avx512) {  // [M, K/32] block sums of x, for the min term (the AVX-512 build folds m into w)
     xsum = torch::empty({M, K / QK}, x.options());
     const float* xs = x.data_ptr<float>();
     float* ps = xsum.data_ptr<float>();
@@ -167,11 +159,12 @@ torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scal
     }
   }
   Args args{qs.data_ptr<uint8_t>(), scales.data_ptr<float>(), is_q4 ? mins.data_ptr<float>() : nullptr,
-            x.data_ptr<float>(), is_q4 ? xsum.data_ptr<float>() : nullptr, y.data_ptr<float>(),
+            x.data_ptr<float>(), xsum.defined() ? xsum.data_ptr<float>() : nullptr, y.data_ptr<float>(),
             N, K, K / QK, is_q4 ? K / 2 : K};
   const int64_t grain = std::max<int64_t>(16, N / (4 * at::get_num_threads()));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    if (is_q4) run<true>(args, M, n0, n1);
+    if (avx512) block::run_avx512(args, M, n0, n1, is_q4);
+    else if (is_q4) run<true>(args, M, n0, n1);
     else run<false>(args, M, n0, n1);
   });
   return y;

@@ -42,6 +42,8 @@ torch::Tensor decoder_layer(torch::Tensor x, c10::optional<torch::Tensor> delta,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace specserve;
   m.def("block_matmul", &block_matmul, "y = x @ dequant(W)^T for GGML-blocked W (fp32 in/out)");
+  m.def("block_kernel_avx512", &block_kernel_avx512, "whether block_matmul uses its AVX-512 build; pass a bool to switch",
+        py::arg("enable") = py::none());
   m.def("rms_norm", &rms_norm, "(x += residual); w * x / rms(x)");
   m.def("rope_", &rope_, "rotate-half RoPE in place on the first heads of qkv rows");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");

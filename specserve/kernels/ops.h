@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 namespace specserve {
@@ -39,6 +40,7 @@ inline __m256 exp256(__m256 x) {
 }
 
 torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scales, torch::Tensor mins, bool is_q4);
+bool block_kernel_avx512(c10::optional<bool> enable);  // which build block_matmul uses (and switch it)
 torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps);
 void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t D);
 torch::Tensor silu_mul(torch::Tensor gu);

@@ -10,10 +10,26 @@ from .test_quants import random_blocks
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no compiler / AVX2 for the block kernels")
 
+# The kernel has an AVX2 and an AVX-512 build (chosen at run time); test every one this CPU runs.
+BUILDS = ["avx2", "avx512"]
+
+
+@pytest.fixture(params=BUILDS)
+def build(request):
+    ext = kernels.ext()
+    before = ext.block_kernel_avx512()
+    if request.param == "avx512" and not ext.block_kernel_avx512(True):
+        ext.block_kernel_avx512(before)
+        pytest.skip("this CPU has no AVX-512")
+    if request.param == "avx2":
+        ext.block_kernel_avx512(False)
+    yield request.param
+    ext.block_kernel_avx512(before)
+
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("M", [1, 3, 8, 11])
-def test_block_matmul_matches_dense(type_name, M):
+@pytest.mark.parametrize("M", [1, 3, 8, 11, 19])
+def test_block_matmul_matches_dense(type_name, M, build):
     rng = np.random.default_rng(M)
     N, K = 40, 96
     raw = random_blocks(type_name, N * K // 32, rng).reshape(N, -1)
@@ -52,7 +68,7 @@ def test_fused_elementwise_ops_match_torch():
 
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0"])
-def test_block_matmul_row_results_do_not_depend_on_the_other_rows(type_name):
+def test_block_matmul_row_results_do_not_depend_on_the_other_rows(type_name, build):
     """Each output is summed in one fixed order whatever the tile: a row gives the same bits alone, in
     a verify span or in a batch, so speculative greedy decoding matches regular greedy exactly."""
     rng = np.random.default_rng(0)
@@ -61,6 +77,6 @@ def test_block_matmul_row_results_do_not_depend_on_the_other_rows(type_name):
     bw = kernels.BlockWeight(type_name, raw, (N, K))
     x = torch.randn(19, K)
     full = bw.matmul(x)
-    for rows in (1, 2, 3, 4, 5, 7, 8, 9):
+    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 12, 16):
         parts = torch.cat([bw.matmul(x[i:i + rows].contiguous()) for i in range(0, 19, rows)])
         assert torch.equal(parts, full), rows
