@@ -79,13 +79,17 @@ def run_decode_bench(args) -> dict:
                 hf_fp32 = model
             peers.hf_generate(model, ids[0], 4, 1, 0.0, SEED)  # warm-up
             run = lambda i, b, m=model: peers.hf_generate(m, i, max_new, b, 0.0 if b == 1 else TEMPERATURE, SEED)
-        else:
-            bar.set_postfix_str("loading llama.cpp")
-            cpp = peers.load_llama_cpp(llm.engine.model_path, args.threads)
-            run = lambda i, b: peers.llama_cpp_generate(cpp, i, max_new)
-        for b in batch_sizes:
-            if system == "llama.cpp" and b > 1:
+        else:  # greedy batch 1 only, in a child process (see peers.llama_cpp_runs)
+            bar.set_postfix_str("llama.cpp batch 1")
+            runs = peers.llama_cpp_runs(llm.engine.model_path, args.threads, ids, max_new) if 1 in batch_sizes else None
+            bar.update(len(ids) if 1 in batch_sizes else 0)
+            if runs is None:  # failed (it said why) or not asked for: the other systems' results stand
+                del results[system]
                 continue
+            greedy_ids[system] = [r["output_ids"] for r in runs]
+            results[system][1] = _median_runs(runs)
+            continue
+        for b in batch_sizes:
             bar.set_postfix_str(f"{system} batch {b}")
             runs = []
             for prompt_ids in (ids if b == 1 else ids[:1]):

@@ -1,8 +1,11 @@
 """The peers a benchmark runs beside the engine, on the same weights: HF transformers and llama.cpp."""
 from __future__ import annotations
 
+import concurrent.futures
 import copy
+import multiprocessing
 import os
+import sys
 import time
 from typing import Optional
 
@@ -54,9 +57,37 @@ def llama_cpp_available() -> bool:
         return False
 
 
-def load_llama_cpp(gguf_path: str, threads: Optional[int]):
+def llama_cpp_runs(gguf_path: str, threads: Optional[int], prompts: list[list[int]], max_new: int) -> Optional[list[dict]]:
+    """llama_cpp_generate over each prompt, in a child process: llama.cpp is native code that can
+    crash the interpreter, and a peer must never take the benchmark's own results down with it. Its
+    AMX path (weights repacked into "extra buffer types" where the CPU reports AMX) segfaults on VMs
+    that do not grant the tile state; then it runs again without extra buffers (its AVX-512 path).
+    None when it failed both ways (said why)."""
+    ctx = multiprocessing.get_context("spawn")
+    for extra_bufts in (True, False):
+        try:
+            with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+                return pool.submit(_llama_cpp_child, gguf_path, threads, prompts, max_new, extra_bufts).result()
+        except Exception as e:  # BrokenProcessPool on a crash, or llama.cpp's own errors
+            print(f"llama.cpp: its run {'with' if extra_bufts else 'without'} extra buffer types failed "
+                  f"({type(e).__name__}: {str(e)[:160]})", file=sys.stderr)
+    return None
+
+
+def _llama_cpp_child(gguf_path: str, threads: Optional[int], prompts: list[list[int]], max_new: int,
+                     extra_bufts: bool) -> list[dict]:
+    import llama_cpp
     from llama_cpp import Llama
-    return Llama(model_path=gguf_path, n_threads=threads or os.cpu_count(), n_ctx=2048, verbose=False)
+    if not extra_bufts:  # the high-level API has no switch for it; set it on the default model params
+        defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+        def no_extra_bufts():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+        llama_cpp.llama_cpp.llama_model_default_params = no_extra_bufts
+    llm = Llama(model_path=gguf_path, n_threads=threads or os.cpu_count(), n_ctx=2048, verbose=False)
+    return [llama_cpp_generate(llm, ids, max_new) for ids in prompts]
 
 
 def llama_cpp_generate(llm, ids: list[int], max_new: int) -> dict:

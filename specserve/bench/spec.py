@@ -174,9 +174,9 @@ def _peers(llm: LLM, problems: list[dict], max_tokens: int, n: int, threads, dev
     except ImportError:
         pass
     if peers.llama_cpp_available() and device == "cpu":
-        lc = peers.load_llama_cpp(path, threads)
-        runs = [peers.llama_cpp_generate(lc, x, max_tokens) for x in ids]
-        out["llama.cpp"] = round(sum(r["tokens"] for r in runs) / sum(r["wall_s"] for r in runs), 1)
+        runs = peers.llama_cpp_runs(path, threads, ids, max_tokens)
+        if runs:
+            out["llama.cpp"] = round(sum(r["tokens"] for r in runs) / sum(r["wall_s"] for r in runs), 1)
     return out
 
 
