@@ -59,6 +59,14 @@ class SpecStats:
                 "draft_seconds": round(self.draft_seconds, 4), "target_seconds": round(self.target_seconds, 4)}
 
 
+DRAFT_COST_GUESS = 0.1  # draft step / target step, for decisions that must not depend on live timings
+# Drafting must yield this much more than plain steps. Break-even drafting is not neutral: it speeds the
+# sequences whose drafts are accepted and slows the rest with longer steps, so the sequences that finish
+# first (most of the mean per-token latency) lose. Batch 8 on a 2-core CPU, where drafting breaks even on
+# throughput: mean per-token latency 0.93-0.97x of RD with drafting, 0.98-0.99x with it off.
+DRAFTING_MARGIN = 1.05
+
+
 class CostModel:
     """Seconds per step as a function of the number of target rows (the whole step after drafting:
     target pass, verification, bookkeeping; measured while serving, seeded by a calibration of bare
@@ -156,11 +164,11 @@ class CostModel:
         old = self.yields.get(batch)
         self.yields[batch] = new if old is None else [(1 - ema) * o + ema * n for o, n in zip(old, new)]
 
-    def drafting_pays(self, batch: int, margin: float = 1.0) -> Optional[bool]:
-        """Whether drafting steps at this batch size emit more tokens per second than plain steps, from
-        what drafting steps yielded so far (None: none measured yet). Unlike a prediction from the
-        acceptance rate, this counts what the formula leaves out: drafts cut by the selection (verified
-        rows per sequence well below k), draft passes whose tokens all got cut."""
+    def drafting_pays(self, batch: int, margin: float = DRAFTING_MARGIN) -> Optional[bool]:
+        """Whether drafting steps at this batch size emit more tokens per second than plain steps, by at
+        least `margin`, from what drafting steps yielded so far (None: none measured yet). Unlike a
+        prediction from the acceptance rate, this counts what the formula leaves out: drafts cut by the
+        selection (verified rows per sequence well below k), draft passes whose tokens all got cut."""
         y = self.yields.get(batch)
         t_plain = self.plain.get(batch) or self.step_seconds(batch, batch)
         if y is None or t_plain is None:
@@ -234,9 +242,6 @@ class CostModel:
             return None
         best = max(range(k + 1), key=lambda j: (rates[j], -j))
         return best if rates[best] > margin * rates[0] else 0
-
-
-DRAFT_COST_GUESS = 0.1  # draft step / target step, for decisions that must not depend on live timings
 
 
 class SpeculativeDecoder:

@@ -115,13 +115,9 @@ void columns_rows(int R, const Args& a, int64_t r0, int64_t n0, int64_t n1, int6
 
 template <bool Q4>
 void run(const Args& a, int64_t M, int64_t n0, int64_t n1) {
-  // Column groups outer, row tiles inner: a group's weights stay in L1 while every row tile reads them.
-  constexpr int64_t GROUP = 16;
-  for (int64_t g = n0; g < n1; g += GROUP) {
-    const int64_t g1 = std::min(g + GROUP, n1);
-    for (int64_t r0 = 0; r0 < M; r0 += MAX_TILE_ROWS)
-      columns_rows<Q4>(static_cast<int>(std::min<int64_t>(MAX_TILE_ROWS, M - r0)), a, r0, g, g1, n1);
-  }
+  block::for_each_tile<MAX_TILE_ROWS>(M, n0, n1, [&](int rows, int64_t r0, int64_t g0, int64_t g1) {
+    columns_rows<Q4>(rows, a, r0, g0, g1, n1);
+  });
 }
 
 // Whether calls use the AVX-512 build: where the CPU has it, unless SPECSERVE_NO_AVX512 is set or a

@@ -1,6 +1,7 @@
 // What both block-kernel builds (AVX2 in block_matmul.cpp, AVX-512 in block_matmul_avx512.cpp) share:
-// the arguments of one call and the prefetching of weight columns.
+// the arguments of one call, the prefetching of weight columns and the loop over tiles.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 namespace specserve {
@@ -33,6 +34,18 @@ inline void prefetch_column(const Args& a, int64_t n) {
 }
 
 constexpr int64_t PREFETCH_COLUMNS = 4;
+
+// Output columns n0 .. n1-1 of an M-row call, in groups of 16 columns (outer) and row tiles of up to
+// TILE rows (inner), so a group's weights stay in L1 while every row tile reads them. tile(rows, r0,
+// g0, g1) computes columns g0 .. g1-1 for rows r0 .. r0+rows-1.
+template <int TILE, class Tile>
+inline void for_each_tile(int64_t M, int64_t n0, int64_t n1, Tile&& tile) {
+  constexpr int64_t GROUP = 16;
+  for (int64_t g = n0; g < n1; g += GROUP) {
+    const int64_t g1 = std::min(g + GROUP, n1);
+    for (int64_t r0 = 0; r0 < M; r0 += TILE) tile(static_cast<int>(std::min<int64_t>(TILE, M - r0)), r0, g, g1);
+  }
+}
 
 // The AVX-512 build of the kernel over output columns n0 .. n1-1 (block_matmul_avx512.cpp); call it only
 // where cpu_has_avx512().

@@ -152,6 +152,20 @@ def test_drafting_pays_compares_what_drafting_steps_yielded():
     assert c.drafting_pays(2) is True
 
 
+def test_break_even_drafting_does_not_pay():
+    """Drafting has to beat plain steps by DRAFTING_MARGIN: at break-even it only moves time from the
+    sequences without accepted drafts to those with them (early finishers lose)."""
+    c = CostModel()
+    c.record_target(4, 20e-3, batch=4)  # plain steps: 4 tokens per 20 ms
+    c.record_yield(4, tokens=5, draft_seconds=1e-3, step_seconds=23e-3)  # 5 per 24 ms: 1.04x
+    assert c.drafting_pays(4) is False
+    assert c.drafting_pays(4, margin=1.0) is True
+    c2 = CostModel()
+    c2.record_target(4, 20e-3, batch=4)
+    c2.record_yield(4, tokens=5, draft_seconds=1e-3, step_seconds=22e-3)  # 5 per 23 ms: 1.09x
+    assert c2.drafting_pays(4) is True
+
+
 def test_prompt_lookup_copies_what_followed_the_last_ngram():
     r = Request("0", [1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2, 3], SamplingParams())
     d = PromptLookupDrafter(max_ngram=3).propose([r], 3)[0]
