@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import torch
 
-SOURCES = ("block_matmul.cpp", "block_matmul_avx512.cpp", "elementwise.cpp", "attention.cpp", "decoder_layer.cpp")
+SOURCES = ("block_matmul.cpp", "block_matmul_avx512.cpp", "block_matmul_amx.cpp", "elementwise.cpp", "attention.cpp", "decoder_layer.cpp")
 _ext = None
 _tried = False
 
@@ -66,6 +66,13 @@ def ext():
     return _ext
 
 
+def amx_available() -> bool:
+    """Whether blocked weights are packed for the AMX build (Intel CPUs with AMX tiles, unless
+    SPECSERVE_NO_AMX is set). Decided per weight when it is built, so a model's weights use one build
+    for every pass: a row's bits never depend on how many rows share the pass."""
+    return available() and not os.environ.get("SPECSERVE_NO_AMX") and _ext.block_kernel_amx()
+
+
 class BlockWeight:
     """A [N, K] weight in GGML blocks of 32, laid out for the kernel:
     qs [N, K/2] uint8 (Q4) or [N, K] int8 (Q8), scales and mins [N, K/32] float32."""
@@ -93,6 +100,14 @@ class BlockWeight:
             self.qs = torch.from_numpy(np.ascontiguousarray(blocks[:, :, 2:]).reshape(n, k // 2))
         else:
             raise ValueError(f"block kernels support {self.SUPPORTED}, not {type_name}")
+        self.packed = self._pack_for_amx()
+
+    def _pack_for_amx(self) -> list[torch.Tensor] | None:
+        """[packed, scales, mins] regrouped for the AMX build, or None (no AMX, or the AMX tile's 16
+        columns do not divide N: such a weight runs on the AVX builds)."""
+        if self.shape[0] % 16 or not amx_available():
+            return None
+        return _ext.block_pack_amx(self.qs, self.scales, self.mins, self.is_q4)
 
     def select_rows(self, ids: torch.Tensor) -> "BlockWeight":
         """A BlockWeight of some rows only (a reduced-vocabulary head cut from a full one)."""
@@ -100,15 +115,17 @@ class BlockWeight:
         sub.shape, sub.is_q4 = (len(ids), self.shape[1]), self.is_q4
         sub.qs, sub.scales = self.qs[ids].contiguous(), self.scales[ids].contiguous()
         sub.mins = self.mins[ids].contiguous() if self.is_q4 else self.mins
+        sub.packed = sub._pack_for_amx()
         return sub
 
     def parts(self) -> list[torch.Tensor]:
-        """[qs, scales, mins] as the fused decoder layer takes them."""
-        return [self.qs, self.scales, self.mins]
+        """[qs, scales, mins] as block_matmul and the fused decoder layer take them (the AMX-packed
+        ones where there are)."""
+        return self.packed if self.packed is not None else [self.qs, self.scales, self.mins]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] float32 -> [M, N] float32."""
-        return _ext.block_matmul(x.contiguous(), self.qs, self.scales, self.mins, self.is_q4)
+        return _ext.block_matmul(x.contiguous(), *self.parts(), self.is_q4)
 
     def dequantize(self) -> torch.Tensor:
         """The dense [N, K] float32 weight (bit-identical to the GGUF dequantisation)."""

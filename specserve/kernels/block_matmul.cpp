@@ -11,12 +11,13 @@
 // does not depend on the other rows: a verify pass over 1 + k tokens gives, bit for bit, the logits
 // and KV that k + 1 one-token steps would, and greedy speculative decoding reproduces greedy regular
 // decoding exactly, not merely up to near-ties (for passes this kernel serves: up to
-// BLOCK_KERNEL_MAX_ROWS rows in models/layers.py; larger ones use dense fp32 products).
+// BLOCK_KERNEL_MAX_ROWS(_AMX) rows in models/layers.py; larger ones use dense fp32 products).
 //
 // Threads split the output columns (at::parallel_for); within a thread, each unpacked weight block
 // feeds up to 8 activation rows (decode batches and verify spans) held in registers, and weight
 // columns are prefetched a few ahead. On CPUs with AVX-512, calls go to block_matmul_avx512.cpp
-// instead (same contract, fewer operations per row).
+// instead (same contract, fewer operations per row); on CPUs with AMX tiles, weights are packed at
+// load time for block_matmul_amx.cpp (same contract again), and such weights (a 3-d qs) go there.
 #include "ops.h"
 #include "block_tile.h"
 
@@ -137,6 +138,7 @@ bool block_kernel_avx512(c10::optional<bool> enable) {
 torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scales, torch::Tensor mins,
                            bool is_q4) {
   // x: [M, K] f32; qs: [N, K/2] u8 (Q4) or [N, K] i8 (Q8); scales, mins: [N, K/32] f32 -> y: [M, N] f32
+  if (qs.dim() == 3) return block_matmul_amx(x.contiguous(), qs, scales, mins, is_q4);  // packed for AMX
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2, "x must be contiguous f32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
   TORCH_CHECK(K % QK == 0, "K must be a multiple of 32");

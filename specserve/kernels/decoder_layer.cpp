@@ -44,6 +44,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_matmul", &block_matmul, "y = x @ dequant(W)^T for GGML-blocked W (fp32 in/out)");
   m.def("block_kernel_avx512", &block_kernel_avx512, "whether block_matmul uses its AVX-512 build; pass a bool to switch",
         py::arg("enable") = py::none());
+  m.def("block_pack_amx", &block_pack_amx, "regroup GGML blocks for the AMX build: [packed, scales, mins]");
+  m.def("block_matmul_amx", &block_matmul_amx, "block_matmul over weights from block_pack_amx");
+  m.def("block_kernel_amx", &block_kernel_amx, "whether this CPU (and OS) gives AMX tiles");
   m.def("rms_norm", &rms_norm, "(x += residual); w * x / rms(x)");
   m.def("rope_", &rope_, "rotate-half RoPE in place on the first heads of qkv rows");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");

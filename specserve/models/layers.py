@@ -16,6 +16,10 @@ from ..loading.weights import QuantizedWeight, as_dense
 # model, one sequence at 150 tokens of context, ms per forward (blocks / dense): 12 rows 53 / 92,
 # 16 rows 70 / 104, 32 rows 149 / 150, 64 rows 295 / 222.
 BLOCK_KERNEL_MAX_ROWS = 32
+# With AMX tiles (weights packed for block_matmul_amx.cpp) the block kernel wins far longer: all
+# layers' and the head's products, ms (blocks / dense), on a 2-core Xeon: 32 rows 29 / 69, 64 rows
+# 49 / 103, 128 rows 91 / 149, 256 rows 300 / 285.
+BLOCK_KERNEL_MAX_ROWS_AMX = 128
 
 
 class Linear:
@@ -31,12 +35,13 @@ class Linear:
             shape = (sum(w.shape[0] for w in weights), weights[0].shape[1])
             self.block = kernels.BlockWeight(weights[0].type_name, raw, shape)
             self.dense = self.block.dequantize()
+            self.max_block_rows = BLOCK_KERNEL_MAX_ROWS_AMX if self.block.packed is not None else BLOCK_KERNEL_MAX_ROWS
         else:
             self.dense = torch.cat([as_dense(w) for w in weights], 0).to(device=device, dtype=dtype)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        if self.block is not None and x.shape[0] <= BLOCK_KERNEL_MAX_ROWS:
+        if self.block is not None and x.shape[0] <= self.max_block_rows:
             y = self.block.matmul(x)
             return y if self.bias is None else y + self.bias
         return torch.nn.functional.linear(x, self.dense, self.bias)
@@ -53,9 +58,15 @@ def fused_layer_weights(attn_norm: torch.Tensor, ffn_norm: torch.Tensor, qkv: Li
 
 
 def runs_fused(weights, num_rows: int, meta) -> bool:
-    """Whether a pass over num_rows rows runs each layer as one C++ call: decode-sized (the block kernel
-    serves it) and on the paged attention kernel."""
-    return weights is not None and num_rows <= BLOCK_KERNEL_MAX_ROWS and meta.use_paged_kernel
+    """Whether a pass over num_rows rows runs each layer as one C++ call (weights: one layer's
+    fused_layer_weights, or a list of them): decode-sized (as many rows as Linear would send to the
+    block kernel) and on the paged attention kernel."""
+    if weights is None or not meta.use_paged_kernel:
+        return False
+    layer = weights[0] if isinstance(weights, list) else weights  # all layers have the same shapes
+    # blocked parts of qkv, o, gate_up, down; AMX-packed ones have a 3-d first tensor
+    packed = all(layer[i][0].dim() == 3 for i in (2, 4, 5, 6))
+    return num_rows <= (BLOCK_KERNEL_MAX_ROWS_AMX if packed else BLOCK_KERNEL_MAX_ROWS)
 
 
 def _fused(x: torch.Tensor) -> bool:

@@ -10,31 +10,43 @@ from .test_quants import random_blocks
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no compiler / AVX2 for the block kernels")
 
-# The kernel has an AVX2 and an AVX-512 build (chosen at run time); test every one this CPU runs.
-BUILDS = ["avx2", "avx512"]
+# The kernel has AVX2, AVX-512 and AMX builds (chosen at run time; AMX per weight, by packing it at
+# load time); test every one this CPU runs.
+BUILDS = ["avx2", "avx512", "amx"]
 
 
 @pytest.fixture(params=BUILDS)
-def build(request):
+def build(request, monkeypatch):
     ext = kernels.ext()
     before = ext.block_kernel_avx512()
-    if request.param == "avx512" and not ext.block_kernel_avx512(True):
-        ext.block_kernel_avx512(before)
-        pytest.skip("this CPU has no AVX-512")
-    if request.param == "avx2":
-        ext.block_kernel_avx512(False)
+    if request.param == "amx":
+        if not kernels.amx_available():
+            pytest.skip("this CPU (or OS) gives no AMX tiles")
+    else:
+        monkeypatch.setenv("SPECSERVE_NO_AMX", "1")  # weights built in the test stay unpacked
+        if request.param == "avx512" and not ext.block_kernel_avx512(True):
+            ext.block_kernel_avx512(before)
+            pytest.skip("this CPU has no AVX-512")
+        if request.param == "avx2":
+            ext.block_kernel_avx512(False)
     yield request.param
     ext.block_kernel_avx512(before)
+
+
+def block_weight(type_name: str, raw, shape, build: str) -> kernels.BlockWeight:
+    bw = kernels.BlockWeight(type_name, raw, shape)
+    assert (bw.packed is not None) == (build == "amx")  # the build under test is the one that runs
+    return bw
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
 @pytest.mark.parametrize("M", [1, 3, 8, 11, 19])
 def test_block_matmul_matches_dense(type_name, M, build):
     rng = np.random.default_rng(M)
-    N, K = 40, 96
+    N, K = (48 if build == "amx" else 40), 96  # AMX packs groups of 16 columns
     raw = random_blocks(type_name, N * K // 32, rng).reshape(N, -1)
     dense = torch.from_numpy(dequantize(raw, type_name, (N, K)).copy())
-    bw = kernels.BlockWeight(type_name, raw, (N, K))
+    bw = block_weight(type_name, raw, (N, K), build)
     x = torch.randn(M, K)
     ref = x.double() @ dense.double().T
     torch.testing.assert_close(bw.matmul(x).double(), ref, rtol=1e-5, atol=1e-5)
@@ -72,11 +84,12 @@ def test_block_matmul_row_results_do_not_depend_on_the_other_rows(type_name, bui
     """Each output is summed in one fixed order whatever the tile: a row gives the same bits alone, in
     a verify span or in a batch, so speculative greedy decoding matches regular greedy exactly."""
     rng = np.random.default_rng(0)
-    N, K = 37, 128  # N not a multiple of any tile width: remainder columns too
+    # AVX builds: N not a multiple of any tile width, so remainder columns too; AMX: 3 groups of 16
+    N, K = (48 if build == "amx" else 37), 160
     raw = random_blocks(type_name, N * K // 32, rng).reshape(N, -1)
-    bw = kernels.BlockWeight(type_name, raw, (N, K))
-    x = torch.randn(19, K)
+    bw = block_weight(type_name, raw, (N, K), build)
+    x = torch.randn(40, K)
     full = bw.matmul(x)
-    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 12, 16):
-        parts = torch.cat([bw.matmul(x[i:i + rows].contiguous()) for i in range(0, 19, rows)])
+    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33):  # AMX row tiles are 16 rows
+        parts = torch.cat([bw.matmul(x[i:i + rows].contiguous()) for i in range(0, 40, rows)])
         assert torch.equal(parts, full), rows
