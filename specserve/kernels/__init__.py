@@ -67,9 +67,8 @@ def ext():
 
 
 def amx_available() -> bool:
-    """Whether blocked weights are packed for the AMX build (Intel CPUs with AMX tiles, unless
-    SPECSERVE_NO_AMX is set). Decided per weight when it is built, so a model's weights use one build
-    for every pass: a row's bits never depend on how many rows share the pass."""
+    """Whether blocked weights get a copy packed for the AMX build, which passes of more than 8 rows
+    use (Intel CPUs with AMX tiles, unless SPECSERVE_NO_AMX is set; decided per weight when it is built)."""
     return available() and not os.environ.get("SPECSERVE_NO_AMX") and _ext.block_kernel_amx()
 
 
@@ -103,8 +102,9 @@ class BlockWeight:
         self.packed = self._pack_for_amx()
 
     def _pack_for_amx(self) -> list[torch.Tensor] | None:
-        """[packed, scales, mins] regrouped for the AMX build, or None (no AMX, or the AMX tile's 16
-        columns do not divide N: such a weight runs on the AVX builds)."""
+        """[packed, scales, mins] regrouped for the AMX build (a copy: passes of a few rows still run on
+        the AVX builds), or None (no AMX, or the AMX tile's 16 columns do not divide N: such a weight
+        runs on the AVX builds only)."""
         if self.shape[0] % 16 or not amx_available():
             return None
         return _ext.block_pack_amx(self.qs, self.scales, self.mins, self.is_q4)
@@ -119,13 +119,13 @@ class BlockWeight:
         return sub
 
     def parts(self) -> list[torch.Tensor]:
-        """[qs, scales, mins] as block_matmul and the fused decoder layer take them (the AMX-packed
-        ones where there are)."""
-        return self.packed if self.packed is not None else [self.qs, self.scales, self.mins]
+        """[qs, scales, mins] (+ the AMX-packed three where there are) as block_linear and the fused
+        decoder layer take them."""
+        return [self.qs, self.scales, self.mins] + (self.packed or [])
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] float32 -> [M, N] float32."""
-        return _ext.block_matmul(x.contiguous(), *self.parts(), self.is_q4)
+        """x [M, K] float32 -> [M, N] float32 (on AMX past a few rows, where the weight is packed)."""
+        return _ext.block_linear(x.contiguous(), self.parts())
 
     def dequantize(self) -> torch.Tensor:
         """The dense [N, K] float32 weight (bit-identical to the GGUF dequantisation)."""
@@ -146,4 +146,5 @@ class BlockWeight:
 
     @property
     def nbytes(self) -> int:
+        """Bytes one pass reads (either layout: the AMX copy is the same size)."""
         return self.qs.numel() + 4 * (self.scales.numel() + self.mins.numel())

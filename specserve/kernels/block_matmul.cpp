@@ -16,8 +16,9 @@
 // Threads split the output columns (at::parallel_for); within a thread, each unpacked weight block
 // feeds up to 8 activation rows (decode batches and verify spans) held in registers, and weight
 // columns are prefetched a few ahead. On CPUs with AVX-512, calls go to block_matmul_avx512.cpp
-// instead (same contract, fewer operations per row); on CPUs with AMX tiles, weights are packed at
-// load time for block_matmul_amx.cpp (same contract again), and such weights (a 3-d qs) go there.
+// instead (same contract, fewer operations per row). On CPUs with AMX tiles, weights also get a
+// packed copy for block_matmul_amx.cpp, and block_linear sends passes of more than
+// AMX_MIN_ROWS rows there (see block_linear).
 #include "ops.h"
 #include "block_tile.h"
 
@@ -138,7 +139,6 @@ bool block_kernel_avx512(c10::optional<bool> enable) {
 torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scales, torch::Tensor mins,
                            bool is_q4) {
   // x: [M, K] f32; qs: [N, K/2] u8 (Q4) or [N, K] i8 (Q8); scales, mins: [N, K/32] f32 -> y: [M, N] f32
-  if (qs.dim() == 3) return block_matmul_amx(x.contiguous(), qs, scales, mins, is_q4);  // packed for AMX
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2, "x must be contiguous f32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
   TORCH_CHECK(K % QK == 0, "K must be a multiple of 32");
@@ -166,6 +166,22 @@ torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scal
     else run<false>(args, M, n0, n1);
   });
   return y;
+}
+
+// Up to this many rows a pass runs on the AVX builds, above it on AMX (where the weights have a
+// packed copy). All layers' and the head's products of the embedded model, ms (AVX-512 / AMX), on a
+// 2-core Xeon: 1 row 6.0 / 13.0, 4 rows 9.2 / 13.3, 8 rows 13.7 / 13.9, 16 rows 26.6 / 17.2, 32 rows
+// 51.6 / 26.0. Each build keeps a row's bits independent of the rows beside it, but the two builds
+// round differently (both to fp32 accuracy): a row can differ in its last bits between a pass below
+// and a pass above the threshold, as between the block kernel and dense products past
+// BLOCK_KERNEL_MAX_ROWS. A one-token step with its verify span of up to 8 rows stays on one build.
+constexpr int64_t AMX_MIN_ROWS = 9;
+
+torch::Tensor block_linear(torch::Tensor x, const std::vector<torch::Tensor>& w) {
+  // w: [qs, scales, mins] as block_matmul takes them, + [packed, scales, mins] from block_pack_amx
+  const bool is_q4 = w[2].numel() > 0;
+  if (w.size() == 6 && x.size(0) >= AMX_MIN_ROWS) return block_matmul_amx(x.contiguous(), w[3], w[4], w[5], is_q4);
+  return block_matmul(x, w[0], w[1], w[2], is_q4);
 }
 
 }  // namespace specserve

@@ -19,6 +19,7 @@
 // per block side by side. Still 4.5 (Q4) / 8.5 (Q8) bits per weight, so one-row (memory-bound) steps
 // read no more than before.
 #include "ops.h"
+#include "block_tile.h"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -34,7 +35,7 @@ constexpr int GROUP = 16;         // output columns per tile
 constexpr int MAX_ROWS = 16;      // activation rows per tile
 constexpr int BLOCK_WORDS = 512;  // one block of one group in B layout: 16 k-pairs x 16 columns x 2 bf16
 
-// Tiles: the fp32 result, the three activation pieces, the weights. (Macros: GCC's tile intrinsics
+// Tiles: the fp32 results and weights of two groups, the three activation pieces. (Macros: GCC's tile intrinsics
 // paste the number into the register name.)
 #define T_OUT 0
 #define T_HI 1
@@ -42,6 +43,7 @@ constexpr int BLOCK_WORDS = 512;  // one block of one group in B layout: 16 k-pa
 #define T_LO 3
 #define T_W 4
 #define T_OUT2 5
+#define T_W2 6
 
 struct alignas(64) TileConfig {
   uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
@@ -55,8 +57,10 @@ void configure_tiles(int rows) {
     c.rows[t] = rows;
     c.colsb[t] = 64;  // 16 fp32 outputs / 32 bf16 activations
   }
-  c.rows[T_W] = 16;
-  c.colsb[T_W] = 64;
+  for (int t : {T_W, T_W2}) {
+    c.rows[t] = 16;
+    c.colsb[t] = 64;
+  }
   _tile_loadconfig(&c);
 }
 
@@ -112,86 +116,113 @@ struct Call {
   int64_t N, K, nblocks;
 };
 
-// Rows r0 .. r0+R-1 of group g, whose weights are unpacked in w [nblocks][512]: first every
-// block's tile products into t [nblocks][R][16], then the scaling, block after block. (Scaling each
-// block right after its tile store was 3x slower: loads that follow a tile store wait for it, and it
-// waits for the products.) Fields of c are copied to locals first, or the compiler would reload them
-// after each tile store (which may write anywhere, as far as it knows).
-template <int R, bool Q4>
-void row_tile(const Call& c, int64_t r0, int64_t g, const uint16_t* w, float* t) {
+// Rows r0 .. r0+R-1 of groups g .. g+P-1 (P = 1 or 2), whose weights are unpacked in w[p]
+// [nblocks][512]: first every block's tile products into t [nblocks][P][R][16], then the scaling,
+// block after block. Two groups share each activation tile and give the tile unit two independent
+// chains (one row's products are latency-bound). Scaling each block right after its tile store was
+// 3x slower: loads that follow a tile store wait for it, and it waits for the products. Fields of c
+// are copied to locals first, or the compiler would reload them after each tile store (which may
+// write anywhere, as far as it knows).
+template <int R, bool Q4, int P>
+void row_tile(const Call& c, int64_t r0, int64_t g, uint16_t* const* w, float* t) {
   const int64_t nblocks = c.nblocks, stride = c.K * 2;  // bytes between activation rows
   const uint16_t *xh = c.x[0] + r0 * c.K, *xm = c.x[1] + r0 * c.K, *xl = c.x[2] + r0 * c.K;
-  const float* d = c.d + g * nblocks * GROUP;
-  const float* m = Q4 ? c.m + g * nblocks * GROUP : nullptr;
-  const float* xsum = Q4 ? c.xsum + r0 * nblocks : nullptr;
-  float* y = c.y + r0 * c.N + g * GROUP;
-  const int64_t N = c.N;
-  for (int64_t b = 0; b < nblocks; ++b) {  // t[b][r][n] = sum_j q[n][j] x[r][j] over block b (hi, mid, lo)
-    _tile_zero(T_OUT);
-    _tile_loadd(T_W, w + b * BLOCK_WORDS, 64);
+  const uint16_t *w0 = w[0], *w1 = w[P - 1];
+  for (int64_t b = 0; b < nblocks; ++b) {  // t[b][p][r][n] = sum_j q[n][j] x[r][j] over block b (hi, mid, lo)
     _tile_loadd(T_HI, xh + b * QK, stride);
     _tile_loadd(T_MID, xm + b * QK, stride);
     _tile_loadd(T_LO, xl + b * QK, stride);
+    _tile_zero(T_OUT);
+    _tile_loadd(T_W, w0 + b * BLOCK_WORDS, 64);
     _tile_dpbf16ps(T_OUT, T_HI, T_W);
     _tile_dpbf16ps(T_OUT, T_MID, T_W);
     _tile_dpbf16ps(T_OUT, T_LO, T_W);
-    _tile_stored(T_OUT, t + b * R * GROUP, 64);
-  }
-  __m512 acc[R];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nblocks; ++b) {  // acc[r] += d_b * t[b][r] (+ m_b * xsum[r][b])
-    const float* tb = t + b * R * GROUP;
-    const __m512 db = _mm512_loadu_ps(d + b * GROUP);
-    if (Q4) {
-      const __m512 mb = _mm512_loadu_ps(m + b * GROUP);
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        acc[r] = _mm512_fmadd_ps(_mm512_load_ps(tb + r * GROUP), db, acc[r]);
-        acc[r] = _mm512_fmadd_ps(mb, _mm512_set1_ps(xsum[r * nblocks + b]), acc[r]);
-      }
-    } else {
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_load_ps(tb + r * GROUP), db, acc[r]);
+    if (P == 2) {
+      _tile_zero(T_OUT2);
+      _tile_loadd(T_W2, w1 + b * BLOCK_WORDS, 64);
+      _tile_dpbf16ps(T_OUT2, T_HI, T_W2);
+      _tile_dpbf16ps(T_OUT2, T_MID, T_W2);
+      _tile_dpbf16ps(T_OUT2, T_LO, T_W2);
     }
+    _tile_stored(T_OUT, t + b * P * R * GROUP, 64);
+    if (P == 2) _tile_stored(T_OUT2, t + (b * P + 1) * R * GROUP, 64);
   }
+  const float* xsum = Q4 ? c.xsum + r0 * nblocks : nullptr;
+  for (int p = 0; p < P; ++p) {
+    const float* d = c.d + (g + p) * nblocks * GROUP;
+    const float* m = Q4 ? c.m + (g + p) * nblocks * GROUP : nullptr;
+    __m512 acc[R];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * N, acc[r]);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nblocks; ++b) {  // acc[r] += d_b * t[b][p][r] (+ m_b * xsum[r][b])
+      const float* tb = t + (b * P + p) * R * GROUP;
+      const __m512 db = _mm512_loadu_ps(d + b * GROUP);
+      if (Q4) {
+        const __m512 mb = _mm512_loadu_ps(m + b * GROUP);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          acc[r] = _mm512_fmadd_ps(_mm512_load_ps(tb + r * GROUP), db, acc[r]);
+          acc[r] = _mm512_fmadd_ps(mb, _mm512_set1_ps(xsum[r * nblocks + b]), acc[r]);
+        }
+      } else {
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_load_ps(tb + r * GROUP), db, acc[r]);
+      }
+    }
+    float* y = c.y + r0 * c.N + (g + p) * GROUP;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * c.N, acc[r]);
+  }
 }
 
 template <bool Q4, int R = MAX_ROWS>
-void row_tile_n(int rows, const Call& c, int64_t r0, int64_t g, const uint16_t* w, float* t) {
+void row_tile_n(int rows, int groups, const Call& c, int64_t r0, int64_t g, uint16_t* const* w, float* t) {
   if constexpr (R > 1) {
-    if (rows < R) return row_tile_n<Q4, R - 1>(rows, c, r0, g, w, t);
+    if (rows < R) return row_tile_n<Q4, R - 1>(rows, groups, c, r0, g, w, t);
   }
-  row_tile<R, Q4>(c, r0, g, w, t);
+  if (groups == 2) row_tile<R, Q4, 2>(c, r0, g, w, t);
+  else row_tile<R, Q4, 1>(c, r0, g, w, t);
 }
 
-// Groups g0 .. g1-1 for all M rows: each group's weights are unpacked once, then every row tile
-// (16 rows) reads them from L1/L2.
+// Groups g0 .. g1-1 for all M rows, two at a time: each group's weights are unpacked once, then
+// every row tile (16 rows) reads them from L1/L2.
 template <bool Q4>
 void run_groups(const Call& c, int64_t M, int64_t g0, int64_t g1) {
-  // Two buffers, alternating by group: overwriting words that tile loads still in flight read
-  // stalls every store (the stores wait for the tile unit), so a group unpacks into the buffer the
-  // group before last used.
-  thread_local std::vector<uint16_t> buffers[2];
+  // Two sets of buffers, alternating: overwriting words that tile loads still in flight read stalls
+  // every store (the stores wait for the tile unit), so a pair unpacks into the set the pair before
+  // last used.
+  thread_local std::vector<uint16_t> buffers[4];
   for (auto& buf : buffers) buf.resize(c.nblocks * BLOCK_WORDS);
-  thread_local std::vector<float> products;  // [nblocks][rows][16], 64-byte aligned rows
-  products.resize(c.nblocks * MAX_ROWS * GROUP + 16);
+  thread_local std::vector<float> products;  // [nblocks][2][rows][16], 64-byte aligned rows
+  products.resize(c.nblocks * 2 * MAX_ROWS * GROUP + 16);
   float* t = products.data() + (16 - (reinterpret_cast<uintptr_t>(products.data()) / 4) % 16) % 16;
   const int64_t block_bytes = Q4 ? 256 : 512;
   int configured = -1;  // tile shapes are per thread; load them in every chunk
-  for (int64_t g = g0; g < g1; ++g) {
-    uint16_t* unpacked = buffers[g & 1].data();
-    const uint8_t* src = c.w + g * c.nblocks * block_bytes;
-    for (int64_t b = 0; b < c.nblocks; ++b) {
-      if (Q4) unpack_q4(src + b * block_bytes, unpacked + b * BLOCK_WORDS);
-      else unpack_q8(reinterpret_cast<const int8_t*>(src) + b * block_bytes, unpacked + b * BLOCK_WORDS);
+  for (int64_t g = g0, pair = 0; g < g1; g += 2, ++pair) {
+    const int groups = static_cast<int>(std::min<int64_t>(2, g1 - g));
+    uint16_t* unpacked[2] = {buffers[2 * (pair & 1)].data(), buffers[2 * (pair & 1) + 1].data()};
+    for (int p = 0; p < groups; ++p) {
+      const uint8_t* src = c.w + (g + p) * c.nblocks * block_bytes;
+      // The group two ahead (the next pair's), a block's worth at a time: with one row a call is
+      // bound by memory, and the hardware prefetcher alone left the unpacking waiting on it.
+      const bool ahead = g + p + 2 < g1;
+      const uint8_t* next = src + 2 * c.nblocks * block_bytes;
+      const float* next_d = c.d + (g + p + 2) * c.nblocks * GROUP;
+      const float* next_m = Q4 ? c.m + (g + p + 2) * c.nblocks * GROUP : nullptr;
+      for (int64_t b = 0; b < c.nblocks; ++b) {
+        if (ahead) {
+          block::prefetch_lines(next + b * block_bytes, block_bytes);
+          block::prefetch_lines(next_d + b * GROUP, GROUP * 4);
+          if (Q4) block::prefetch_lines(next_m + b * GROUP, GROUP * 4);
+        }
+        if (Q4) unpack_q4(src + b * block_bytes, unpacked[p] + b * BLOCK_WORDS);
+        else unpack_q8(reinterpret_cast<const int8_t*>(src) + b * block_bytes, unpacked[p] + b * BLOCK_WORDS);
+      }
     }
     for (int64_t r0 = 0; r0 < M; r0 += MAX_ROWS) {
       const int rows = static_cast<int>(std::min<int64_t>(MAX_ROWS, M - r0));
       if (rows != configured) configure_tiles(configured = rows);
-      row_tile_n<Q4>(rows, c, r0, g, unpacked, t);
+      row_tile_n<Q4>(rows, groups, c, r0, g, unpacked, t);
     }
   }
   _tile_release();
@@ -305,4 +336,5 @@ bool block_kernel_amx() { return amx::cpu_has_amx(); }
 #undef T_LO
 #undef T_W
 #undef T_OUT2
+#undef T_W2
 #pragma GCC pop_options

@@ -8,10 +8,8 @@
 namespace specserve {
 namespace {
 
-// A blocked weight as {qs, scales, mins}; mins is empty for Q8_0.
-torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& w) {
-  return block_matmul(x, w[0], w[1], w[2], w[2].numel() > 0);
-}
+// A blocked weight as {qs, scales, mins} (+ the AMX copy); mins is empty for Q8_0.
+torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& w) { return block_linear(x, w); }
 
 // x: the residual stream [T, hidden], updated in place (x += delta, then x += attention output).
 // Returns this layer's MLP output, which the next layer (or the final norm) adds to x.
@@ -47,6 +45,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_pack_amx", &block_pack_amx, "regroup GGML blocks for the AMX build: [packed, scales, mins]");
   m.def("block_matmul_amx", &block_matmul_amx, "block_matmul over weights from block_pack_amx");
   m.def("block_kernel_amx", &block_kernel_amx, "whether this CPU (and OS) gives AMX tiles");
+  m.def("block_linear", &block_linear, "a blocked weight's product on the build that suits the pass");
   m.def("rms_norm", &rms_norm, "(x += residual); w * x / rms(x)");
   m.def("rope_", &rope_, "rotate-half RoPE in place on the first heads of qkv rows");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");

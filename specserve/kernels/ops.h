@@ -41,12 +41,13 @@ inline __m256 exp256(__m256 x) {
 
 torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scales, torch::Tensor mins, bool is_q4);
 bool block_kernel_avx512(c10::optional<bool> enable);  // which build block_matmul uses (and switch it)
-// The AMX build (block_matmul_amx.cpp): weights regrouped once by block_pack_amx; block_matmul sends
-// such weights (a 3-d qs) there.
+// The AMX build (block_matmul_amx.cpp), over weights regrouped once by block_pack_amx.
 std::vector<torch::Tensor> block_pack_amx(torch::Tensor qs, torch::Tensor scales, torch::Tensor mins, bool is_q4);
 torch::Tensor block_matmul_amx(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, torch::Tensor mins,
                                bool is_q4);
 bool block_kernel_amx();  // whether this CPU and kernel give AMX tiles
+// A blocked weight's product, on the build that suits the pass (w: 3 parts, or 6 with the AMX copy).
+torch::Tensor block_linear(torch::Tensor x, const std::vector<torch::Tensor>& w);
 torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps);
 void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t D);
 torch::Tensor silu_mul(torch::Tensor gu);

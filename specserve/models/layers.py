@@ -64,8 +64,8 @@ def runs_fused(weights, num_rows: int, meta) -> bool:
     if weights is None or not meta.use_paged_kernel:
         return False
     layer = weights[0] if isinstance(weights, list) else weights  # all layers have the same shapes
-    # blocked parts of qkv, o, gate_up, down; AMX-packed ones have a 3-d first tensor
-    packed = all(layer[i][0].dim() == 3 for i in (2, 4, 5, 6))
+    # blocked parts of qkv, o, gate_up, down: six where they have an AMX copy
+    packed = all(len(layer[i]) == 6 for i in (2, 4, 5, 6))
     return num_rows <= (BLOCK_KERNEL_MAX_ROWS_AMX if packed else BLOCK_KERNEL_MAX_ROWS)
 
 

@@ -33,10 +33,29 @@ def build(request, monkeypatch):
     ext.block_kernel_avx512(before)
 
 
-def block_weight(type_name: str, raw, shape, build: str) -> kernels.BlockWeight:
+def block_weight(type_name: str, raw, shape, build: str):
+    """The weight, and its product on the build under test (block_linear picks AMX only past 8 rows,
+    so the AMX build is called directly, for every row count)."""
     bw = kernels.BlockWeight(type_name, raw, shape)
-    assert (bw.packed is not None) == (build == "amx")  # the build under test is the one that runs
-    return bw
+    assert (bw.packed is not None) == (build == "amx")
+    if build == "amx":
+        return bw, lambda x: kernels.ext().block_matmul_amx(x.contiguous(), *bw.packed, bw.is_q4)
+    return bw, bw.matmul
+
+
+def test_block_linear_uses_amx_past_8_rows():
+    if not kernels.amx_available():
+        pytest.skip("this CPU (or OS) gives no AMX tiles")
+    rng = np.random.default_rng(1)
+    N, K = 64, 128
+    bw = kernels.BlockWeight("Q4_1", random_blocks("Q4_1", N * K // 32, rng).reshape(N, -1), (N, K))
+    ext = kernels.ext()
+    for M in (1, 8, 9, 24):
+        x = torch.randn(M, K)
+        avx, amx = ext.block_matmul(x, bw.qs, bw.scales, bw.mins, True), ext.block_matmul_amx(x, *bw.packed, True)
+        torch.testing.assert_close(amx, avx, rtol=1e-5, atol=1e-5)  # both fp32-accurate ...
+        assert not torch.equal(amx, avx)  # ... rounded differently
+        assert torch.equal(bw.matmul(x), avx if M <= 8 else amx), M
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
@@ -46,10 +65,10 @@ def test_block_matmul_matches_dense(type_name, M, build):
     N, K = (48 if build == "amx" else 40), 96  # AMX packs groups of 16 columns
     raw = random_blocks(type_name, N * K // 32, rng).reshape(N, -1)
     dense = torch.from_numpy(dequantize(raw, type_name, (N, K)).copy())
-    bw = block_weight(type_name, raw, (N, K), build)
+    bw, product = block_weight(type_name, raw, (N, K), build)
     x = torch.randn(M, K)
     ref = x.double() @ dense.double().T
-    torch.testing.assert_close(bw.matmul(x).double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(product(x).double(), ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(bw.dequantize(), dense, rtol=0, atol=0)
     ids = torch.tensor([0, 7, 39])
     torch.testing.assert_close(bw.rows(ids), dense[ids], rtol=0, atol=0)
@@ -87,9 +106,9 @@ def test_block_matmul_row_results_do_not_depend_on_the_other_rows(type_name, bui
     # AVX builds: N not a multiple of any tile width, so remainder columns too; AMX: 3 groups of 16
     N, K = (48 if build == "amx" else 37), 160
     raw = random_blocks(type_name, N * K // 32, rng).reshape(N, -1)
-    bw = block_weight(type_name, raw, (N, K), build)
+    _, product = block_weight(type_name, raw, (N, K), build)
     x = torch.randn(40, K)
-    full = bw.matmul(x)
+    full = product(x)
     for rows in (1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33):  # AMX row tiles are 16 rows
-        parts = torch.cat([bw.matmul(x[i:i + rows].contiguous()) for i in range(0, 40, rows)])
+        parts = torch.cat([product(x[i:i + rows].contiguous()) for i in range(0, 40, rows)])
         assert torch.equal(parts, full), rows
