@@ -1,17 +1,20 @@
-// The block kernel on Intel AMX (Sapphire Rapids and later), for weights packed by block_pack_amx.
+// The block kernel on Intel AMX (Sapphire Rapids and later), for weights packed by block_pack_amx;
+// block_linear (block_matmul.cpp) sends it passes of more than 8 rows.
 //
-// Why: past a few rows the AVX builds are compute-bound (two FMAs per row per 16 weights), so a
-// verify pass over 8 sequences x (k + 1) tokens costs k + 1 times a decode step and drafting cannot
-// pay. AMX's tile multiply does a [rows x 32] x [32 x 16] product in one instruction, so a step over
-// 16 rows costs little more than one over 1 row, as on a GPU.
+// Why: past a few rows the AVX builds are compute-bound (AVX-512: two FMAs per row per 16 weights,
+// ~1.7 ms per further row for the embedded model), so a verify pass over 8 sequences x (k + 1)
+// tokens costs nearly k + 1 decode steps and drafting cannot pay. The tile unit does a [rows x 32] x
+// [32 x 16] product per instruction: ~0.6 ms per further row here (measured: each product of 16 rows
+// takes ~45 cycles with real data on this VM, a third of the nominal rate). One row is latency-bound
+// (products, a tile store, then the scaling), ~2x slower than AVX-512, hence the threshold.
 //
 // Numerics, still fp32-exact inputs: AMX multiplies bf16 (8 significant bits). A block's 4-bit q
 // (or Q8's 8-bit q) is exact in bf16, and each fp32 activation is split into three bf16 pieces
 // x = hi + mid + lo (truncations of the rest, so the split is exact: 24 = 3 x 8 significant bits).
-// The tile unit multiplies those exactly and sums in fp32, giving t_b = sum_j q_j x_j for block b,
-// and every output is then  y = sum_b (d_b * t_b + m_b * xsum_b)  in block order, one FMA at a time:
-// the same order for every row whatever the rows beside it, so a row's bits do not depend on the
-// batch (the contract of block_matmul.cpp; speculative greedy reproduces regular greedy exactly).
+// The tile unit multiplies those exactly and sums in fp32 (in its own order: AVX512-BF16's dot
+// product does not reproduce it), giving t_b = sum_j q_j x_j for block b, and every output is then
+// y = sum_b (d_b * t_b + m_b * xsum_b) in block order, one FMA at a time: the same order for every
+// row whatever the rows beside it, so within this build a row's bits do not depend on the batch.
 //
 // Layout: the weights are regrouped at load time (block_pack_amx) into groups of 16 output columns:
 // per (group, block), 256 bytes of nibbles (Q4) or 512 bytes (Q8) that unpack with a few shuffles
@@ -35,8 +38,8 @@ constexpr int GROUP = 16;         // output columns per tile
 constexpr int MAX_ROWS = 16;      // activation rows per tile
 constexpr int BLOCK_WORDS = 512;  // one block of one group in B layout: 16 k-pairs x 16 columns x 2 bf16
 
-// Tiles: the fp32 results and weights of two groups, the three activation pieces. (Macros: GCC's tile intrinsics
-// paste the number into the register name.)
+// Tiles: the fp32 results and weights of two groups, the three activation pieces. (Macros: GCC's
+// tile intrinsics paste the number into the register name.)
 #define T_OUT 0
 #define T_HI 1
 #define T_MID 2
