@@ -10,8 +10,9 @@
 // the min term), however many rows the call has and however the work is split. So a row's result
 // does not depend on the other rows: a verify pass over 1 + k tokens gives, bit for bit, the logits
 // and KV that k + 1 one-token steps would, and greedy speculative decoding reproduces greedy regular
-// decoding exactly, not merely up to near-ties (for passes this kernel serves: up to
-// BLOCK_KERNEL_MAX_ROWS(_AMX) rows in models/layers.py; larger ones use dense fp32 products).
+// decoding exactly, not merely up to near-ties (for passes this build serves: up to AMX_MIN_ROWS - 1
+// rows where weights have an AMX copy, else up to BLOCK_KERNEL_MAX_ROWS in models/layers.py; larger
+// passes round differently, on AMX or in dense fp32 products).
 //
 // Threads split the output columns (at::parallel_for); within a thread, each unpacked weight block
 // feeds up to 8 activation rows (decode batches and verify spans) held in registers, and weight
