@@ -16,10 +16,11 @@ from ..loading.weights import QuantizedWeight, as_dense
 # model, one sequence at 150 tokens of context, ms per forward (blocks / dense): 12 rows 53 / 92,
 # 16 rows 70 / 104, 32 rows 149 / 150, 64 rows 295 / 222.
 BLOCK_KERNEL_MAX_ROWS = 32
-# With AMX tiles (weights packed for block_matmul_amx.cpp) the block kernel wins far longer: all
-# layers' and the head's products, ms (blocks / dense), on a 2-core Xeon: 32 rows 29 / 69, 64 rows
-# 49 / 103, 128 rows 91 / 149, 256 rows 300 / 285.
-BLOCK_KERNEL_MAX_ROWS_AMX = 128
+# With AMX tiles (weights with a copy for block_matmul_amx.cpp, which takes passes of 9+ rows) the
+# block kernel wins far longer: all layers' and the head's products, ms (blocks / dense), on a 2-core
+# Xeon: 32 rows 26 / 69, 64 rows 48 / 110, 256 rows 199 / 317, 512 rows 391 / 575, 1024 rows 827-969
+# / 1046-1138, 2048 rows 2448 / 2700 (noisy: the VM drifts by 10-20%).
+BLOCK_KERNEL_MAX_ROWS_AMX = 1024
 
 
 class Linear:

@@ -59,7 +59,7 @@ def test_block_linear_uses_amx_past_8_rows():
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("M", [1, 3, 8, 11, 19])
+@pytest.mark.parametrize("M", [1, 3, 8, 11, 19, 150])  # AMX: 150 rows are two slices of rows
 def test_block_matmul_matches_dense(type_name, M, build):
     rng = np.random.default_rng(M)
     N, K = (48 if build == "amx" else 40), 96  # AMX packs groups of 16 columns
@@ -107,8 +107,8 @@ def test_block_matmul_row_results_do_not_depend_on_the_other_rows(type_name, bui
     N, K = (48 if build == "amx" else 37), 160
     raw = random_blocks(type_name, N * K // 32, rng).reshape(N, -1)
     _, product = block_weight(type_name, raw, (N, K), build)
-    x = torch.randn(40, K)
+    x = torch.randn(150, K)
     full = product(x)
-    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33):  # AMX row tiles are 16 rows
-        parts = torch.cat([product(x[i:i + rows].contiguous()) for i in range(0, 40, rows)])
+    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 33, 130):  # AMX: tiles of 16 rows, slices of 128
+        parts = torch.cat([product(x[i:i + rows].contiguous()) for i in range(0, 150, rows)])
         assert torch.equal(parts, full), rows
