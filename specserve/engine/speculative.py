@@ -456,8 +456,9 @@ def select_drafts(drafts: list[Draft], curve: list[float]) -> list[Draft]:
     the tokens that row's time would give plain decoding (curve[0] / batch seconds per token): taking
     tokens by falling cumulative confidence (a sequence's tokens in order), keep the count with the
     most expected tokens beyond that cost. Time already spent drafting is sunk and changes nothing here.
-    On a CPU the curve is not a line (past models.layers.BLOCK_KERNEL_MAX_ROWS the pass switches to dense products),
-    so this is a budget for the whole batch rather than a per-token threshold. It looks at draft-side
+    On a CPU the curve is not a line (kernel builds change with the rows: AVX up to 8, AMX past that,
+    dense products past the block kernel's limit in models.layers), so this is a budget for the whole
+    batch rather than a per-token threshold. It looks at draft-side
     information only, so verification stays exact."""
     batch = len(drafts)
     candidates = []  # (cumulative confidence, position in its draft, sequence)

@@ -1,6 +1,7 @@
 """CPU kernels compiled on first use (torch.utils.cpp_extension), with a pure-torch fallback.
 
-`block_matmul` multiplies fp32 activations by weights kept in GGML blocks (see block_matmul.cpp);
+`block_linear` multiplies fp32 activations by weights kept in GGML blocks (block_matmul.cpp: AVX2 /
+AVX-512 builds, and block_matmul_amx.cpp past 8 rows where the CPU has AMX tiles);
 elementwise.cpp, attention.cpp and decoder_layer.cpp fuse the rest of a decode step.
 If the compiler or AVX2 is missing, `available()` is False and callers use dense fp32 weights instead.
 """

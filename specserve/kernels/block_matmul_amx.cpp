@@ -188,8 +188,8 @@ void row_tile_n(int rows, int groups, const Call& c, int64_t r0, int64_t g, uint
   else row_tile<R, Q4, 1>(c, r0, g, w, t);
 }
 
-// Groups g0 .. g1-1 for all M rows, two at a time: each group's weights are unpacked once, then
-// every row tile (16 rows) reads them from L1/L2.
+// Groups g0 .. g1-1 for all M rows, two at a time: per slice of rows, each group's weights are
+// unpacked once, then every row tile (16 rows) of the slice reads them from L1/L2.
 template <bool Q4>
 void run_groups(const Call& c, int64_t M, int64_t g0, int64_t g1) {
   // Two sets of buffers, alternating: overwriting words that tile loads still in flight read stalls
@@ -202,7 +202,7 @@ void run_groups(const Call& c, int64_t M, int64_t g0, int64_t g1) {
   float* t = products.data() + (16 - (reinterpret_cast<uintptr_t>(products.data()) / 4) % 16) % 16;
   const int64_t block_bytes = Q4 ? 256 : 512;
   int configured = -1;  // tile shapes are per thread; load them in every chunk
-  // Rows in slices that keep their activation pieces in L2 (3 x 64 rows x 1536 x 2 bytes = 590 KB):
+  // Rows in slices that keep their activation pieces in L2 (3 x 128 rows x 1536 x 2 bytes = 1.2 MB):
   // past that every group read them from L3 again, and 256 rows cost 3.7x 128. The weights are
   // unpacked again for each slice (a few percent of its products).
   for (int64_t m0 = 0; m0 < M; m0 += ROW_SLICE)
@@ -211,8 +211,9 @@ void run_groups(const Call& c, int64_t M, int64_t g0, int64_t g1) {
     uint16_t* unpacked[2] = {buffers[2 * (pair & 1)].data(), buffers[2 * (pair & 1) + 1].data()};
     for (int p = 0; p < groups; ++p) {
       const uint8_t* src = c.w + (g + p) * c.nblocks * block_bytes;
-      // The group two ahead (the next pair's), a block's worth at a time: with one row a call is
-      // bound by memory, and the hardware prefetcher alone left the unpacking waiting on it.
+      // The group two ahead (the next pair's), a block's worth at a time: with few rows a call is
+      // bound by memory, and the hardware prefetcher alone left the unpacking waiting on it (all
+      // layers + head at 16 rows: 19.9 ms without, 16.1 ms with).
       const bool ahead = g + p + 2 < g1;
       const uint8_t* next = src + 2 * c.nblocks * block_bytes;
       const float* next_d = c.d + (g + p + 2) * c.nblocks * GROUP;
