@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 
-.PHONY: run test bench clean llamacpp
+.PHONY: run test lint bench clean llamacpp
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,3 +36,6 @@ llamacpp: $(DEVSTAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+lint: $(DEVSTAMP)
+	$(BIN)/ruff check .

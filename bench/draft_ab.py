@@ -24,4 +24,4 @@ for d in args.drafts:
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=args.max_tokens), use_tqdm=False)
         steps = sum(len(o.outputs[0].accepted_per_step) for o in outs)
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        print(f"{d}  {method:13s} tokens per target step {tokens / steps:.3f}  alpha {llm.engine.spec.stats.alpha:.3f}", flush=True)
+        print(f"{d}  {method:13s} tokens per target step {tokens / steps:.3f}  alpha {llm.spec_stats()['alpha']:.3f}", flush=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from .registry import ATTENTION, DRAFTERS, POLICIES
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -41,21 +43,14 @@ class SchedulerConfig:
     max_model_len: Optional[int] = None  # None: the model's context length
 
 
-SPEC_METHODS = ("draft", "lookup", "lookup+draft")
-SPEC_POLICIES = ("bass", "fixed", "threshold")
-SPEC_ATTENTION = ("auto", "split", "pad")
-
-
 @dataclass
 class SpeculativeConfig:
     """Speculative decoding. LLM(speculative={...}) takes these fields as a dict."""
 
-    # "draft": a draft model (EAGLE dir or any model with the target's tokenizer); "lookup": prompt
-    # lookup; "lookup+draft": prompt lookup where the sequence repeats itself, the draft model elsewhere
-    method: str = "draft"
+    method: str = "draft"  # a name in registry.DRAFTERS: "draft", "lookup", "lookup+draft"
     draft_model: Optional[str] = None  # None: the draft shipped for the embedded model
     draft_len: Union[str, int] = "auto"  # K: fixed k / BASS l0 / threshold limit; "auto": the policy's default
-    policy: str = "bass"  # "bass" (Algorithm 1), "fixed", "threshold"
+    policy: str = "bass"  # a name in registry.POLICIES: "bass" (Algorithm 1), "fixed", "threshold"
     # Ragged verification attention: "split" (per sequence) or "pad" (one padded batch). "auto": split
     # on CPU (the C++ paged kernel, no padding work), pad on CUDA (one kernel instead of one per
     # sequence); both chosen by the PAD/SPLIT ablation of `specserve bench spec` on each device.
@@ -69,12 +64,9 @@ class SpeculativeConfig:
         return "split" if device.startswith("cpu") else "pad"
 
     def __post_init__(self):
-        if self.method not in SPEC_METHODS:
-            raise ValueError(f"unknown speculative method {self.method!r} (choose from {', '.join(SPEC_METHODS)})")
-        if self.policy not in SPEC_POLICIES:
-            raise ValueError(f"unknown draft-length policy {self.policy!r} (choose from {', '.join(SPEC_POLICIES)})")
-        if self.attention not in SPEC_ATTENTION:
-            raise ValueError(f"unknown speculative attention {self.attention!r} (choose from {', '.join(SPEC_ATTENTION)})")
+        DRAFTERS.check(self.method)
+        POLICIES.check(self.policy)
+        ATTENTION.check(self.attention)
         if self.draft_len != "auto":
             k = self.draft_len
             if isinstance(k, str) and k.strip().lstrip("-").isdigit():

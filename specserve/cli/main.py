@@ -6,6 +6,9 @@ import os
 import sys
 import time
 
+from ..config import DTYPES
+from ..registry import ATTENTION, DRAFTERS, POLICIES
+
 
 def _checked(convert, ok, rule: str):
     """An argparse type: convert, then reject values that break `rule` with one line."""
@@ -36,20 +39,20 @@ class _Parser(argparse.ArgumentParser):
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=_model_path, default=None, help="a .gguf file or HF directory (default: embedded SmolLM2-135M)")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: all cores)")
 
 
 def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     """Flags of SpeculativeConfig (config.py), one to one."""
-    p.add_argument("--speculative", choices=["draft", "lookup", "lookup+draft", "none"], default=default,
-                   help="speculative decoding: a draft model (default: the shipped EAGLE draft), prompt lookup, "
-                        "lookup where the text repeats and the draft model elsewhere, or none")
+    p.add_argument("--speculative", choices=DRAFTERS.names() + ("none",), default=default,
+                   help="speculative decoding: " + "; ".join(f"{n}: {DRAFTERS.help(n)}" for n in DRAFTERS.names())
+                        + "; or none")
     p.add_argument("--draft-model", type=_model_path, default=None, help="an EAGLE draft dir or a model with the target's tokenizer")
     p.add_argument("--draft-len", default="auto", help="auto, or K: fixed k / BASS l0 / threshold limit")
-    p.add_argument("--policy", choices=["bass", "fixed", "threshold"], default="bass", help="draft-length policy")
-    p.add_argument("--attention", choices=["auto", "split", "pad"], default="auto",
+    p.add_argument("--policy", choices=POLICIES.names(), default="bass", help="draft-length policy")
+    p.add_argument("--attention", choices=ATTENTION.names(), default="auto",
                    help="ragged verification attention (auto: split on CPU, pad on CUDA)")
 
 
@@ -152,8 +155,8 @@ def cmd_generate(args) -> int:
     tpot = f"{m['per_token_latency'] * 1e3:.1f} ms/token" if m["per_token_latency"] is not None else "-"
     print(f"[{n_tokens} tokens in {wall:.2f} s: time to first token {ttft}, decode {tpot}, "
           f"{n_tokens / wall:.1f} tokens/s; model loaded in {llm.engine.load_time:.1f} s]", file=sys.stderr)
-    if llm.engine.spec is not None:
-        st = llm.engine.spec.stats.as_dict()
+    st = llm.spec_stats()
+    if st is not None:
         rate = "-" if st["acceptance_rate"] is None else f"{st['acceptance_rate']:.2f}"
         per_step = "-" if st["tokens_per_target_step"] is None else f"{st['tokens_per_target_step']:.2f}"
         print(f"[speculative {args.speculative}: {st['accepted']}/{st['drafted']} drafts accepted ({rate}), "
@@ -178,7 +181,8 @@ def main(argv=None) -> int:
         if args.command == "bench" and args.bench == "spec":
             from ..bench.spec import run_spec_bench
             if args.speculative == "none":
-                raise ValueError("bench spec compares speculative decoding with regular decoding; pick --speculative draft|lookup|lookup+draft")
+                raise ValueError("bench spec compares speculative decoding with regular decoding; "
+                                 f"pick --speculative {'|'.join(DRAFTERS.names())}")
             run_spec_bench(args)
             return 0
         if args.command == "bench" and args.bench == "decode":

@@ -12,11 +12,11 @@ import os
 import time
 
 from ..planner.cost_model import AnalyticCostModel, LayerProfile, MeasuredCostModel
-from ..planner.models import parse_cluster, parse_models
+from ..planner.model_table import parse_cluster, parse_models
 from ..planner.placement import to_sim_groups
 from ..planner.search import POLICIES, SearchConfig, plan
 from ..planner.simulator import simulate
-from ..planner.workload import load_trace, multi_model
+from ..planner.workload import parse_workload
 
 
 def _search_args(p) -> None:
@@ -67,21 +67,6 @@ def add_plan_args(p) -> None:
     from .replay import add_replay_args
     add_replay_args(sub.add_parser("replay", help="run placements of the embedded model on real processes "
                                                   "(torch.distributed) and compare with the simulator"))
-
-
-def parse_workload(spec: str, models: list[str], duration: float, seed: int):
-    kind, _, rest = spec.partition(":")
-    if kind == "trace":
-        return load_trace(rest, models, seed=seed)
-    try:
-        kv = {k.strip(): float(v) for k, v in (item.split("=") for item in rest.split(",") if item.strip())}
-    except ValueError:
-        raise ValueError(f"workload {spec!r}: expected KIND:key=value,... e.g. gamma:rate=20,cv=4") from None
-    if kind == "gamma" and "rate" in kv:
-        return multi_model(models, kv["rate"], kv.get("cv", 1.0), duration, seed)
-    if kind == "poisson" and "rate" in kv:
-        return multi_model(models, kv["rate"], 1.0, duration, seed)
-    raise ValueError(f"workload {spec!r}: expected gamma:rate=R,cv=C, poisson:rate=R or trace:PATH")
 
 
 def cmd_plan(args) -> int:

@@ -63,10 +63,10 @@ def add_replay_args(p) -> None:
 
 def cmd_replay(args) -> int:
     from ..planner.cost_model import LayerProfile, MeasuredCostModel
-    from ..planner.models import Cluster
+    from ..planner.model_table import Cluster
     from ..planner.placement import GroupPlan, to_sim_groups
     from ..planner.simulator import Trace, simulate
-    from .plan import parse_workload
+    from ..planner.workload import parse_workload
 
     names = [n.strip() for n in args.placements.split(",") if n.strip()]
     bad = [n for n in names if n not in PLACEMENTS]
@@ -122,7 +122,7 @@ def cmd_replay(args) -> int:
     ranks = {}
     for w in workloads:
         rs = [r for r in rows if r["workload"] == w]
-        by = lambda key: [r["placement"] for r in sorted(rs, key=lambda r: -r[key])]
+        by = lambda key, rs=rs: [r["placement"] for r in sorted(rs, key=lambda r: -r[key])]
         ranks[w] = {"sim": by("sim_slo_attainment"), "real": by("real_slo_attainment")}
         ranks[w]["same"] = ranks[w]["sim"] == ranks[w]["real"]
         print(f"{w}: attainment order simulated {ranks[w]['sim']}, measured {ranks[w]['real']}: "

@@ -1,9 +1,11 @@
-"""The drafter interface: every drafting method is a class with these few methods, in its own file.
+"""The drafter interface: every drafting method is a class with these few methods, in its own file,
+plus one line in `specserve.registry.DRAFTERS` naming its factory `build(spec, ctx) -> Drafter`.
 
 The engine, each step:
-  1. `propose(requests, max_len, min_confidence)` for the requests that decode this step -> a Draft
-     per request: up to max_len token ids and, for sampled requests, the draft distribution q that
-     drew them ([n, vocab], warped with the request's own params); None for deterministic drafts.
+  1. `propose(requests, max_len, min_confidence)` for the requests that decode this step -> a Proposal:
+     a Draft per request (up to max_len token ids and, for sampled requests, the draft distribution q
+     that drew them ([n, vocab], warped with the request's own params); None for deterministic drafts),
+     plus what drafting cost (model passes, their batch, catch-up rows) for the cost model;
   2. runs the target over every request's [last token] + drafts span and verifies;
   3. `observe(request, start, hidden, num_accepted)` for every request the target computed rows for
      (prefill chunks and plain decode steps too): the target's last hidden states of the rows that
@@ -19,33 +21,46 @@ from typing import Optional
 
 import torch
 
-from ..types import Request
+from ..types import Draft, Request
 
 
 @dataclass
-class Draft:
-    tokens: list[int] = field(default_factory=list)
-    probs: Optional[torch.Tensor] = None  # [len(tokens), vocab] q that drew them; None: deterministic/greedy
-    # estimated chance each token is accepted given the ones before it were: its draft probability for
-    # a model (well calibrated for the EAGLE draft), a measured rate for prompt lookup
-    confidence: list[float] = field(default_factory=list)
+class Proposal:
+    """What one `propose` call made and what it cost."""
+
+    drafts: list[Draft] = field(default_factory=list)  # one per request, in the order asked
+    # Draft-model passes run (one per drafted position of the longest model draft) and over how many
+    # requests; 0 when no model ran (lookups only), so that free lookups are not timed as model steps.
+    model_passes: int = 0
+    model_batch: int = 0
+    catchup_rows: int = 0  # rows fed before drafting (every token the drafter had not seen yet)
+
+    @property
+    def longest(self) -> int:
+        return max((len(d.tokens) for d in self.drafts), default=0)
+
+
+@dataclass
+class DrafterContext:
+    """What a drafter factory may use: the serving target (as models.TargetView) and its files."""
+
+    target: object  # models.TargetView
+    tokenizer: object
+    target_path: str
+    num_blocks: int  # the target's KV blocks: a drafter's own cache gets as many
+    block_size: int
+    attention: str  # the resolved PAD/SPLIT mode
 
 
 class Drafter:
     wants_hidden_states = False  # True: observe() gets the target's last hidden states
-    last_catchup_rows = 0  # rows the last propose() fed before drafting (the prompt, the first time)
-    # Draft-model passes the last propose() ran (its longest model draft: one pass per drafted position)
-    # and over how many requests; 0 when no model ran (lookups only), so that free lookups are not
-    # timed as if they were draft-model steps.
-    last_model_passes = 0
-    last_model_batch = 0
 
-    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> list[Draft]:
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> Proposal:
         """Up to max_len draft tokens per request. With min_confidence, stop a request's draft once the
         product of its draft probabilities falls below it (threshold decoding)."""
         raise NotImplementedError
 
-    def propose_free(self, requests: list[Request], max_len: int) -> Optional[list[Draft]]:
+    def propose_free(self, requests: list[Request], max_len: int) -> Optional[Proposal]:
         """Drafts that cost next to nothing to make (a lookup in the sequence's own tokens), which the
         engine still verifies, where they pay, on steps where it judged full drafting not to pay.
         None: this drafter has none."""
@@ -60,3 +75,5 @@ class Drafter:
     def fork(self, parent: Request, child: Request) -> None:
         pass
 
+
+__all__ = ["Draft", "Drafter", "DrafterContext", "Proposal"]

@@ -72,7 +72,8 @@ class DraftPicker:
                     g = self.generators[r.request_id] = make_generator(None if r.seed is None else r.seed + 7919, self.device)
                 tok = draw(q_sub, g)
                 c = float(q_sub[tok])
-                q = q_sub if self.vocab_ids is None else torch.zeros(self.target_vocab, device=q_sub.device).index_copy_(0, self.vocab_ids, q_sub)
+                q = q_sub if self.vocab_ids is None else \
+                    torch.zeros(self.target_vocab, device=q_sub.device).index_copy_(0, self.vocab_ids, q_sub)
             tokens.append(tok if self.vocab_list is None else self.vocab_list[tok])
             qs.append(q)
             conf.append(c)

@@ -3,13 +3,52 @@ shares the target's tokenizer. It keeps its own paged KV cache; after verificati
 accepted drafts stay (they were computed on exactly those tokens) and the rest is rolled back."""
 from __future__ import annotations
 
+import json
+import os
 from typing import Optional
 
 import torch
 
-from ..types import Request
-from .base import Draft, Drafter
+from ..loading import EMBEDDED_FILE
+from ..types import Draft, Request
+from .base import Drafter, DrafterContext, Proposal
 from .common import DraftKV, DraftPicker, autoregressive_drafts
+
+SHIPPED_DRAFTS = {EMBEDDED_FILE: "smollm2-135m-instruct-eagle"}  # target file name -> draft under specserve/weights
+
+
+def default_draft_path(target_path: str) -> str:
+    name = SHIPPED_DRAFTS.get(os.path.basename(target_path))
+    if name is None:
+        raise ValueError(f"no draft ships for {os.path.basename(target_path)}; pass speculative={{'draft_model': PATH}} "
+                         "(an EAGLE draft from `specserve train-draft`, or any model with the same tokenizer)")
+    return os.path.join(os.path.dirname(os.path.dirname(__file__)), "weights", name)
+
+
+def build(spec, ctx: DrafterContext) -> Drafter:
+    """The "draft" method: an EAGLE draft directory (config.json with vocab_ids), else any model file
+    or directory that shares the target's tokenizer."""
+    path = spec.draft_model or default_draft_path(ctx.target_path)
+    if _is_eagle(path):
+        from .eagle import EagleDrafter
+        return EagleDrafter.load(path, ctx)
+    from ..loading import load_model_files
+    from ..models import build_model
+    target = ctx.target
+    _, arch, weights, draft_tok = load_model_files(path, keep_quantized=True)
+    if draft_tok.fingerprint() != ctx.tokenizer.fingerprint() or arch.vocab_size != target.arch.vocab_size:
+        raise ValueError(f"{path}: the draft's tokenizer/vocabulary ({arch.vocab_size} tokens) differs from the "
+                         f"target's ({target.arch.vocab_size} tokens); a draft must share the target's tokenizer")
+    model = build_model(arch, weights, target.dtype, target.device, use_blocks=True, max_len=target.max_len)
+    return DraftModelDrafter(model, ctx.num_blocks, ctx.block_size, ctx.attention)
+
+
+def _is_eagle(path: str) -> bool:
+    cfg = os.path.join(path, "config.json")
+    if not (os.path.isdir(path) and os.path.exists(cfg) and os.path.exists(os.path.join(path, "model.safetensors"))):
+        return False
+    with open(cfg) as f:
+        return "vocab_ids" in json.load(f)
 
 
 class DraftModelDrafter(Drafter):
@@ -23,15 +62,14 @@ class DraftModelDrafter(Drafter):
         self.attention = attention
 
     @torch.inference_mode()
-    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> list[Draft]:
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> Proposal:
         drafts = {r.request_id: Draft() for r in requests}
         live = [r for r in requests if max_len > 0 and self.kv.reserve(r.request_id, r.num_tokens + max_len - 1)]
-        self.last_model_passes = self.last_model_batch = 0
         if not live:
-            return [drafts[r.request_id] for r in requests]
+            return Proposal([drafts[r.request_id] for r in requests])
         # Catch-up: every token the draft has not seen yet (the whole prompt the first time).
         spans = [(r, self.kv.num_done[r.request_id], r.num_tokens) for r in live]
-        self.last_catchup_rows = sum(b - a for _, a, b in spans)
+        catchup = sum(b - a for _, a, b in spans)
         logits = self._forward(live, [[r.token_at(t) for t in range(a, b)] for r, a, b in spans],
                                [a for _, a, _ in spans])
         for r in live:
@@ -41,11 +79,10 @@ class DraftModelDrafter(Drafter):
             return self._forward(reqs, [[t] for t in tokens], [r.num_tokens + j for r in reqs])
 
         drafts.update(autoregressive_drafts(live, max_len, min_confidence, self.picker, logits, advance))
-        self.last_model_passes = max(len(drafts[r.request_id].tokens) for r in live)
-        self.last_model_batch = len(live)
         for r in live:
             self.proposed_at[r.request_id] = (r.num_tokens, len(drafts[r.request_id].tokens) - 1)
-        return [drafts[r.request_id] for r in requests]
+        return Proposal([drafts[r.request_id] for r in requests], max(len(drafts[r.request_id].tokens) for r in live),
+                        len(live), catchup)
 
     def _forward(self, reqs: list[Request], spans: list[list[int]], starts: list[int]) -> torch.Tensor:
         """Run each request's token span at its positions -> logits of each span's last row [B, vocab]."""

@@ -12,12 +12,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from ..models.eagle import EagleNet, EagleServing
-from ..models.layers import rms_norm
-from ..types import Request
-from .base import Draft, Drafter
+from ..types import Draft, Request
+from .base import Drafter, DrafterContext, Proposal
 from .common import DraftKV, DraftPicker, autoregressive_drafts
 
 
@@ -25,24 +23,31 @@ class EagleDrafter(Drafter):
     wants_hidden_states = True
 
     def __init__(self, net: EagleNet, target, num_blocks: int, block_size: int, attention: str = "split"):
-        """target: the serving LlamaModel (its embeddings, final norm, LM head rows and RoPE are shared)."""
+        """target: the serving model as models.TargetView (its embeddings, final norm, LM head rows and
+        RoPE are shared)."""
         cfg = net.cfg
         dev = target.device
         self.target = target
         self.vocab_ids = torch.tensor(cfg.vocab_ids, dtype=torch.long, device=dev)
-        blocks = target.lm_head.block  # the target's head in GGML blocks (fp32 CPU path), else dense
-        self.net = EagleServing(net, dev, use_blocks=blocks is not None)
-        if blocks is not None:
-            self.head = blocks.select_rows(self.vocab_ids.cpu()).matmul  # [B, hidden] -> [B, V_draft]
-        else:
-            head = target.lm_head.dense.index_select(0, self.vocab_ids).float().contiguous()  # [V_draft, hidden]
-            self.head = lambda x: F.linear(x, head)
-        self.norm = target.norm.float()
+        self.net = EagleServing(net, dev, use_blocks=target.blocked_head)
+        self.head = target.head_rows(self.vocab_ids)  # [B, hidden] -> [B, V_draft] float32
         self.kv = DraftKV(1, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, torch.float32, dev)
         self.picker = DraftPicker(target.arch.vocab_size, dev, self.vocab_ids)
         self.pending: dict[str, list[torch.Tensor]] = {}  # target features not yet fed to the draft
         self.num_pending: dict[str, int] = {}  # their rows (kept as a count: observe runs every step)
         self.attention = attention
+
+    @classmethod
+    def load(cls, path: str, ctx: DrafterContext) -> "EagleDrafter":
+        net = EagleNet.load(path)
+        cfg, arch = net.cfg, ctx.target.arch
+        if cfg.target_vocab_size != arch.vocab_size or \
+                (cfg.tokenizer_sha256 and cfg.tokenizer_sha256 != ctx.tokenizer.fingerprint()):
+            raise ValueError(f"{path}: this draft was trained for another tokenizer/vocabulary "
+                             f"({cfg.target_vocab_size} tokens) than the target's ({arch.vocab_size} tokens)")
+        if cfg.hidden_size != arch.hidden_size:
+            raise ValueError(f"{path}: draft hidden size {cfg.hidden_size} does not match the target's {arch.hidden_size}")
+        return cls(net, ctx.target, ctx.num_blocks, ctx.block_size, ctx.attention)
 
     # --- target side ----------------------------------------------------------------------------
     def observe(self, request: Request, start: int, hidden: Optional[torch.Tensor], num_accepted: int) -> None:
@@ -75,13 +80,12 @@ class EagleDrafter(Drafter):
         return have == r.num_tokens - 1 and rid in self.pending
 
     @torch.inference_mode()
-    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> list[Draft]:
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> Proposal:
         drafts = {r.request_id: Draft() for r in requests}
         live = [r for r in requests if max_len > 0 and self._ready(r)
                 and self.kv.reserve(r.request_id, r.num_tokens - 1 + max_len)]
-        self.last_model_passes = self.last_model_batch = 0
         if not live:
-            return [drafts[r.request_id] for r in requests]
+            return Proposal([drafts[r.request_id] for r in requests])
         # Catch-up: every unconsumed target feature, with the token that follows it.
         feats, toks, q_lens, kv_lens, positions = [], [], [], [], []
         for r in live:
@@ -94,7 +98,6 @@ class EagleDrafter(Drafter):
             positions.extend(range(done, done + m))
             q_lens.append(m)
             kv_lens.append(done + m)
-        self.last_catchup_rows = sum(q_lens)
         pred = self._forward(live, torch.cat(feats), toks, positions, q_lens, kv_lens)
         last = torch.cumsum(torch.tensor(q_lens, device=pred.device), 0) - 1  # each request's last row
         f_hat = pred.index_select(0, last)  # [B, hidden]: predicted feature at position N - 1
@@ -112,9 +115,8 @@ class EagleDrafter(Drafter):
             return self._logits(state["f_hat"])
 
         drafts.update(autoregressive_drafts(live, max_len, min_confidence, self.picker, self._logits(f_hat), advance))
-        self.last_model_passes = max(len(drafts[r.request_id].tokens) for r in live)
-        self.last_model_batch = len(live)
-        return [drafts[r.request_id] for r in requests]
+        return Proposal([drafts[r.request_id] for r in requests], max(len(drafts[r.request_id].tokens) for r in live),
+                        len(live), sum(q_lens))
 
     def _forward(self, reqs, feats, tokens, positions, q_lens, kv_lens) -> torch.Tensor:
         dev = feats.device
@@ -125,4 +127,4 @@ class EagleDrafter(Drafter):
                                 self.target.rotary, meta, self.kv.cache.k[0], self.kv.cache.v[0])
 
     def _logits(self, f: torch.Tensor) -> torch.Tensor:  # [B, hidden] -> [B, V_draft]
-        return self.head(rms_norm(f.contiguous(), self.norm, self.target.eps))
+        return self.head(self.target.final_norm(f.contiguous()))

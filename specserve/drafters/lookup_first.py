@@ -10,11 +10,17 @@ with the target's and it picks up where lookup left off (with a catch-up pass ov
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from ..types import Request
-from .base import Draft, Drafter
+from .base import Drafter, DrafterContext, Proposal
 from .prompt_lookup import PromptLookupDrafter
+
+
+def build(spec, ctx: DrafterContext) -> Drafter:
+    from . import draft_model
+    return LookupFirstDrafter(PromptLookupDrafter(spec.lookup_max_ngram, min_ngram=2), draft_model.build(spec, ctx))
 
 
 class LookupFirstDrafter(Drafter):
@@ -22,19 +28,17 @@ class LookupFirstDrafter(Drafter):
         self.lookup, self.model = lookup, model
         self.wants_hidden_states = model.wants_hidden_states
 
-    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> list[Draft]:
-        drafts = self.lookup.propose(requests, max_len, min_confidence)
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> Proposal:
+        drafts = self.lookup.propose(requests, max_len, min_confidence).drafts
         missing = [i for i, d in enumerate(drafts) if not d.tokens]
-        self.last_catchup_rows = self.last_model_passes = self.last_model_batch = 0
-        if missing:
-            for i, d in zip(missing, self.model.propose([requests[i] for i in missing], max_len, min_confidence)):
-                drafts[i] = d
-            m = self.model
-            self.last_catchup_rows, self.last_model_passes, self.last_model_batch = \
-                m.last_catchup_rows, m.last_model_passes, m.last_model_batch
-        return drafts
+        if not missing:
+            return Proposal(drafts)
+        model = self.model.propose([requests[i] for i in missing], max_len, min_confidence)
+        for i, d in zip(missing, model.drafts):
+            drafts[i] = d
+        return replace(model, drafts=drafts)  # what it cost is the model's part
 
-    def propose_free(self, requests: list[Request], max_len: int) -> Optional[list[Draft]]:
+    def propose_free(self, requests: list[Request], max_len: int) -> Optional[Proposal]:
         return self.lookup.propose(requests, max_len)
 
     def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:

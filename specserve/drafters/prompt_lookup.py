@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..types import Request
-from .base import Draft, Drafter
-
+from ..types import Draft, Request
+from .base import Drafter, DrafterContext, Proposal
 
 # How often a looked-up token is accepted, by the length of the n-gram that matched: (the first token,
 # each later one given the ones before it were). A copy has no probability of its own, so these measured
@@ -22,18 +21,22 @@ def lookup_confidence(ngram: int, num_tokens: int) -> list[float]:
     return [first] + [rest] * (num_tokens - 1)
 
 
+def build(spec, ctx: DrafterContext) -> Drafter:
+    return PromptLookupDrafter(spec.lookup_max_ngram)
+
+
 class PromptLookupDrafter(Drafter):
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> list[Draft]:
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> Proposal:
         drafts = []
         for r in requests:
             tokens, ngram = self._lookup(r.all_token_ids, max_len)
             drafts.append(Draft(tokens, None, lookup_confidence(ngram, len(tokens)) if tokens else []))
-        return drafts
+        return Proposal(drafts)
 
-    def propose_free(self, requests: list[Request], max_len: int) -> Optional[list[Draft]]:
+    def propose_free(self, requests: list[Request], max_len: int) -> Optional[Proposal]:
         return self.propose(requests, max_len)
 
     def _lookup(self, ids: list[int], k: int) -> tuple[list[int], int]:

@@ -70,6 +70,17 @@ class LLM:
         bar.close()
         return [self._output(g, t) for g, t in zip(groups, texts)]
 
+    def spec_stats(self) -> Optional[dict]:
+        """What speculative decoding has done since the engine started (or reset_spec_stats): steps,
+        drafted and accepted tokens, alpha, tokens per target step, seconds, and c (draft step over
+        target step at batch 1, measured). None without speculation."""
+        spec = self.engine.speculator
+        return None if spec is None else {**spec.stats.as_dict(), "c": spec.c}
+
+    def reset_spec_stats(self) -> None:
+        if self.engine.speculator is not None:
+            self.engine.speculator.reset_stats()
+
     def chat(self, messages: Union[list[dict], Sequence[list[dict]]], params: Optional[SamplingParams] = None,
              **kwargs) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation (a list of {"role", "content"}) and generate."""

@@ -3,24 +3,32 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from ..attention.paged import AttentionMetadata
 from ..config import EngineConfig, SpeculativeConfig
-from ..drafters import build_drafter, make_policy
+from ..drafters import DrafterContext, build_drafter
 from ..kv.block_manager import BlockManager
 from ..kv.cache import KVCache
 from ..loading import IncrementalDetokenizer, load_model_files
 from ..models import build_model
 from ..sampling.sampler import make_generator, sample
-from ..scheduler.scheduler import Scheduler
+from ..scheduler.scheduler import ScheduledRequest, Scheduler
+from ..spec import SpeculativeDecoder, Verified, calibrate, make_policy
 from ..types import FinishReason, Request, RequestStatus, SamplingParams
-from .runner import ModelRunner
-from .speculative import SpeculativeDecoder
+from .runner import ModelRunner, StepOutput
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _Live:
+    """What the engine keeps per unfinished request besides the Request itself."""
+
+    generator: torch.Generator
+    detok: IncrementalDetokenizer
 
 
 class LLMEngine:
@@ -51,19 +59,21 @@ class LLMEngine:
                           self.arch.head_dim, self.dtype, self.device)
         self.scheduler = Scheduler(BlockManager(num_blocks, cc.block_size), config.scheduler.max_num_seqs,
                                    config.scheduler.max_num_batched_tokens)
-        spec = config.speculative
+        spec_config = config.speculative
         # Without speculation too: the C++ paged kernel (split) on CPU, one padded SDPA call on CUDA.
-        attention = (spec or SpeculativeConfig()).resolved_attention(mc.device)
+        attention = (spec_config or SpeculativeConfig()).resolved_attention(mc.device)
         self.runner = ModelRunner(self.model, self.kv, self.device, attention=attention)
-        self.spec: Optional[SpeculativeDecoder] = None
-        if spec is not None:
-            drafter = build_drafter(spec, self.model, self.tokenizer, self.model_path, num_blocks, cc.block_size, attention)
-            self.spec = SpeculativeDecoder(drafter, lambda: make_policy(spec.policy, spec.draft_len), spec.fallback)
-            if spec.fallback:
-                self._calibrate()
+        self.speculator: Optional[SpeculativeDecoder] = None
+        if spec_config is not None:
+            ctx = DrafterContext(self.model, self.tokenizer, self.model_path, num_blocks, cc.block_size, attention)
+            self.speculator = SpeculativeDecoder(build_drafter(spec_config, ctx),
+                                                 lambda: make_policy(spec_config.policy, spec_config.draft_len),
+                                                 spec_config.fallback)
+            if spec_config.fallback:
+                calibrate(self.speculator.costs, self.model, self.kv, self.scheduler.blocks, attention,
+                          config.scheduler.max_num_batched_tokens)
         self._ids = itertools.count()
-        self._generators: dict[str, torch.Generator] = {}
-        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._live: dict[str, _Live] = {}
         self._siblings: dict[str, list[Request]] = {}  # leader id -> siblings waiting for its prompt KV
 
     # --- requests -----------------------------------------------------------------------------
@@ -81,8 +91,8 @@ class LLMEngine:
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
             r = Request(f"{group}-{i}", list(prompt_token_ids), params, seed=seed, group_id=group, sample_index=i)
-            self._generators[r.request_id] = make_generator(seed, self.device)
-            self._detok[r.request_id] = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens)
+            self._live[r.request_id] = _Live(make_generator(seed, self.device),
+                                             IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens))
             reqs.append(r)
         self.scheduler.add(reqs[0])
         for r in reqs[1:]:
@@ -95,37 +105,11 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._siblings)
 
-    def _calibrate(self, context: int = 128, rows=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)) -> None:
-        """Time target passes over 1..64 rows once, so the speculation cost model starts from measured
-        numbers (it keeps measuring while serving)."""
-        bm, bs = self.scheduler.blocks, self.kv.block_size
-        rows = [n for n in rows if n <= self.config.scheduler.max_num_batched_tokens]
-        table: list[int] = []
-        if not bm.can_allocate(table, context + max(rows)):
-            return
-        bm.allocate(table, context + max(rows))
-        dev = self.device
-        try:
-            for n in [1] + rows:  # the first pass warms up
-                meta = AttentionMetadata.build([n], [context + n], [table], bs, dev, mode=self.runner.attention)
-                ids = torch.zeros(n, dtype=torch.long, device=dev)
-                pos = torch.arange(context, context + n, device=dev)
-                best = float("inf")
-                for _ in range(3):  # the fastest of three: a one-off stall would bend the whole curve
-                    t0 = time.perf_counter()
-                    logits = self.model.forward(ids, pos, meta, self.kv.k, self.kv.v, torch.arange(n, device=dev))
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize()
-                    best = min(best, time.perf_counter() - t0)
-                    del logits
-                self.spec.costs.record_calibration(n, best)
-        finally:
-            bm.free(table)
-
     # --- one step -----------------------------------------------------------------------------
     def step(self) -> list[tuple[Request, str]]:
-        """Run one forward pass; returns (request, new text) for every request that got tokens."""
-        spec = self.spec
+        """schedule -> propose -> execute -> verify / sample -> roll back -> append (docs/architecture.md).
+        Returns (request, new text) for every request that got tokens."""
+        spec = self.speculator
         if spec is not None:
             spec.propose(self.scheduler.running)
         t0 = time.perf_counter()
@@ -135,50 +119,31 @@ class LLMEngine:
                 spec.release(r)
         if not plan.scheduled:
             return []
-        want_hidden = spec is not None and spec.drafter.wants_hidden_states
-        out = self.runner.execute(plan.scheduled, return_hidden=want_hidden)
-        logits, hidden = out if want_hidden else (out, None)  # [S, vocab], [T, hidden]
+        out = self.runner.execute(plan.scheduled, return_hidden=spec is not None and spec.drafter.wants_hidden_states)
         if spec is not None and self.device.type == "cuda":
             torch.cuda.synchronize()
         now = time.perf_counter()
 
-        # Split the logits rows: one per plain sampler, 1 + k per request verifying k drafts.
-        samplers, sampler_rows, verifiers, verifier_logits = [], [], [], []
-        row = 0
-        for s in plan.scheduled:
-            if s.samples:
-                k = len(s.request.draft_token_ids)
-                if k:
-                    verifiers.append(s.request)
-                    verifier_logits.append(logits[row:row + k + 1])
-                else:
-                    samplers.append(s.request)
-                    sampler_rows.append(row)
-                row += k + 1
-        accepted = {}
+        # Requests whose step samples: one logits row each, or a verify span of 1 + k rows.
+        samplers = [(s, rows) for s, rows in out if rows.logits is not None and not s.num_draft_tokens]
+        verifiers = [(s, rows) for s, rows in out if s.num_draft_tokens]
+        verified: dict[str, Verified] = {}  # by request id
         if verifiers:
-            verified = spec.verify(verifiers, verifier_logits, [self._generators[r.request_id] for r in verifiers])
-            accepted = {r.request_id: v for r, v in zip(verifiers, verified)}
+            reqs = [s.request for s, _ in verifiers]
+            results = spec.verify(reqs, [out.logits[rows.logits] for _, rows in verifiers],
+                                  [self._live[r.request_id].generator for r in reqs])
+            for r, v in zip(reqs, results):
+                verified[r.request_id] = v
+                self.scheduler.rollback(r, v.num_rejected)
+        if spec is not None:
+            self._observe(out, verified)
 
-        # KV bookkeeping: plain rows are all kept; a verify span keeps its last token + the accepted drafts.
-        offset = 0
-        for s in plan.scheduled:
-            r, start, n = s.request, s.request.num_computed_tokens, s.num_new_tokens
-            a = accepted.get(r.request_id, (None,))[0]
-            valid = n if a is None else 1 + a
-            r.num_computed_tokens = start + valid
-            if a is not None:
-                r.draft_token_ids = []
-                self.scheduler.blocks.truncate(r.block_table, r.num_computed_tokens)
-            if spec is not None:
-                spec.drafter.observe(r, start, None if hidden is None else hidden[offset:offset + valid], a or 0)
-            offset += n
-
-        plain_decoding = sum(1 for r in samplers if r.output_token_ids)  # decode steps, not prompt ends
-        results = self._sample_plain(samplers, sampler_rows, logits, now) if samplers else []
-        for r, rows in zip(verifiers, verifier_logits):
-            emitted = accepted[r.request_id][1]
-            lp = torch.log_softmax(rows.float(), -1)[torch.arange(len(emitted)), torch.tensor(emitted)].tolist() \
+        plain_decoding = sum(1 for s, _ in samplers if s.request.output_token_ids)  # decode steps, not prompt ends
+        results = self._sample_plain(samplers, out.logits, now) if samplers else []
+        for s, rows in verifiers:
+            r = s.request
+            emitted = verified[r.request_id].tokens
+            lp = torch.log_softmax(out.logits[rows.logits].float(), -1)[torch.arange(len(emitted)), torch.tensor(emitted)].tolist() \
                 if r.params.logprobs else [None] * len(emitted)
             delta = ""
             for tok, tok_lp in zip(emitted, lp):
@@ -188,20 +153,28 @@ class LLMEngine:
             results.append((r, delta))
         if spec is not None:
             spec.record_step(sum(s.num_new_tokens for s in plan.scheduled), time.perf_counter() - t0, now - t0,
-                             len(plan.scheduled))
-            spec.stats.decode_seq_steps += plain_decoding + len(verifiers)
-            spec.stats.decode_tokens += plain_decoding + sum(len(accepted[r.request_id][1]) for r in verifiers)
+                             len(plan.scheduled), plain_decoding + len(verifiers),
+                             plain_decoding + sum(len(v.tokens) for v in verified.values()))
         return results
 
-    def _sample_plain(self, samplers: list[Request], rows: list[int], logits: torch.Tensor, now: float):
+    def _observe(self, out: StepOutput, verified: dict[str, Verified]) -> None:
+        """Tell the drafter which of the target's rows stayed valid (with their hidden states)."""
+        for s, rows in out:
+            v = verified.get(s.request.request_id)
+            valid = s.num_new_tokens - (0 if v is None else v.num_rejected)
+            hidden = None if out.hidden is None else out.hidden[rows.tokens.start:rows.tokens.start + valid]
+            self.speculator.observe(s.request, s.start, hidden, 0 if v is None else v.num_accepted)
+
+    def _sample_plain(self, samplers: list[tuple[ScheduledRequest, object]], logits: torch.Tensor, now: float):
         # Leaders finishing their prompt sample for all their siblings from the same logits row.
         take, row_reqs = [], []
-        for i, r in zip(rows, samplers):
+        for s, rows in samplers:
+            r = s.request
             group = [r] + (self._siblings.pop(r.request_id, []) if not r.output_token_ids else [])
-            take.extend([i] * len(group))
+            take.extend([rows.logits.start] * len(group))
             row_reqs.extend(group)
         params = [r.params for r in row_reqs]
-        gens = [self._generators[r.request_id] for r in row_reqs]
+        gens = [self._live[r.request_id].generator for r in row_reqs]
         want_lp = any(p.logprobs for p in params)
         tokens, logprobs = sample(logits[take] if take != list(range(logits.shape[0])) else logits, params, gens, want_lp)
 
@@ -210,8 +183,8 @@ class LLMEngine:
         for r in row_reqs:
             if r.status == RequestStatus.WAITING_FOR_FORK:
                 copies += self.scheduler.fork(r.leader, r)
-                if self.spec is not None:
-                    self.spec.drafter.fork(r.leader, r)
+                if self.speculator is not None:
+                    self.speculator.fork(r.leader, r)
                 r.leader = None
         if copies:
             self.kv.copy_blocks(copies)
@@ -225,7 +198,7 @@ class LLMEngine:
         if r.first_token_time is None:
             r.first_token_time = now
         p = r.params
-        delta = self._detok[r.request_id].step(r.output_token_ids)
+        delta = self._live[r.request_id].detok.step(r.output_token_ids)
         finish = None
         if not p.ignore_eos and token in self.tokenizer.eos_token_ids:
             finish, r.stop_reason, delta = FinishReason.STOP, None, ""
@@ -248,8 +221,7 @@ class LLMEngine:
             r.finish_reason = finish
             r.finish_time = now
             self.scheduler.finish(r)
-            if self.spec is not None:
-                self.spec.release(r)
-            self._generators.pop(r.request_id, None)
-            self._detok.pop(r.request_id, None)
+            if self.speculator is not None:
+                self.speculator.release(r)
+            self._live.pop(r.request_id, None)
         return delta

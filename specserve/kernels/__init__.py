@@ -53,7 +53,7 @@ def _load():
                     extra_ldflags=["-fopenmp"])
     except Exception as e:  # no compiler, no ninja, ...: fall back to dense weights, loudly
         warnings.warn(f"specserve: block kernels unavailable ({str(e).splitlines()[0][:200]}); "
-                      "using dense fp32 weights (slower, same results)")
+                      "using dense fp32 weights (slower, same results)", stacklevel=2)
         _ext = None
     return _ext
 

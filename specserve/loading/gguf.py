@@ -6,11 +6,10 @@ import re
 import numpy as np
 import torch
 
+from ..registry import ARCHITECTURES
 from .quants import SUPPORTED_TYPES, dequantize
 from .tokenizer import Tokenizer
 from .weights import ModelArch, QuantizedWeight
-
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "attn_norm",
@@ -46,8 +45,8 @@ def read_fields(reader) -> dict:
 
 def _arch_from_fields(f: dict, path: str, tensor_names: set) -> ModelArch:
     arch = f.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES.names())})")
     p = arch + "."
     n_heads = int(f[p + "attention.head_count"])
     hidden = int(f[p + "embedding_length"])
@@ -113,7 +112,7 @@ def load_gguf(path: str, keep_quantized: bool = True):
             w = QuantizedWeight(type_name, np.asarray(t.data).reshape(shape[0], -1), shape)
         else:
             w = torch.from_numpy(np.array(dequantize(t.data, type_name, shape), copy=True))
-        if arch.architecture != "qwen2" and name.endswith((".q", ".k", ".q_bias", ".k_bias")):
+        if ARCHITECTURES.get(arch.architecture).gguf_permuted_qk and name.endswith((".q", ".k", ".q_bias", ".k_bias")):
             n = arch.num_attention_heads if name.endswith(("q", "q_bias")) else arch.num_key_value_heads
             order = _unpermute_order(shape[0], n)
             w = w.permute_rows(order) if isinstance(w, QuantizedWeight) else w[torch.from_numpy(order)]

@@ -8,10 +8,9 @@ import re
 
 from safetensors import safe_open
 
+from ..registry import ARCHITECTURES, architecture_for_hf_class
 from .tokenizer import Tokenizer
 from .weights import ModelArch
-
-_ARCHS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm",
@@ -32,10 +31,11 @@ _GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "nor
 
 def arch_from_config(cfg: dict, path: str) -> ModelArch:
     archs = cfg.get("architectures") or []
-    arch = next((_ARCHS[a] for a in archs if a in _ARCHS), None)
+    arch = next((architecture_for_hf_class(a) for a in archs if architecture_for_hf_class(a)), None)
     if arch is None:
+        supported = ", ".join(ARCHITECTURES.get(n).hf_class for n in ARCHITECTURES.names())
         raise ValueError(f"{path}: architecture {archs or cfg.get('model_type')!r} is not supported "
-                         f"(supported: {', '.join(_ARCHS)})")
+                         f"(supported: {supported})")
     n_heads = cfg["num_attention_heads"]
     rope_scaling = cfg.get("rope_scaling")
     rope_theta = cfg.get("rope_theta", 10000.0)
@@ -62,7 +62,7 @@ def arch_from_config(cfg: dict, path: str) -> ModelArch:
         rope_scaling=rope_scaling if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) == "llama3" else None,
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
         tie_word_embeddings=cfg.get("tie_word_embeddings", False),
-        attention_bias=arch == "qwen2" or cfg.get("attention_bias", False),
+        attention_bias=ARCHITECTURES.get(arch).attention_bias or cfg.get("attention_bias", False),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos,
     )

@@ -1,14 +1,39 @@
-"""Model registry: architecture name -> implementation."""
+"""Model implementations. Which class serves an architecture is `specserve.registry.ARCHITECTURES`."""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+
+from ..registry import ARCHITECTURES
 from .llama import LlamaModel
 
-MODEL_REGISTRY = {"llama": LlamaModel, "mistral": LlamaModel, "qwen2": LlamaModel}
+
+class TargetView(Protocol):
+    """What drafters and the planner's pipeline stages may use of a serving model, and nothing more."""
+
+    arch: object  # loading.weights.ModelArch
+    dtype: torch.dtype
+    device: torch.device
+    max_len: int  # positions the rotary tables cover
+    rotary: object  # models.layers.Rotary: tables(positions) -> cos, sin
+    blocked_head: bool
+
+    def embed_rows(self, ids: torch.Tensor) -> torch.Tensor: ...  # [T] -> [T, hidden]
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor: ...  # [B, hidden] -> [B, hidden]
+    def head(self, x: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor: ...  # [T, hidden] -> [S, vocab]
+    def head_rows(self, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]: ...  # [B, hidden] -> [B, V']
 
 
 def build_model(arch, weights, dtype, device, use_blocks=True, max_len=None):
-    cls = MODEL_REGISTRY.get(arch.architecture)
-    if cls is None:
-        raise ValueError(f"architecture {arch.architecture!r} is not supported (supported: {', '.join(MODEL_REGISTRY)})")
+    cls = _model_class(arch.architecture)
     return cls(arch, weights, dtype, device, use_blocks=use_blocks, max_len=max_len)
 
 
-__all__ = ["LlamaModel", "MODEL_REGISTRY", "build_model"]
+def _model_class(name: str):
+    module, _, attr = ARCHITECTURES.get(name).model.partition(":")
+    import importlib
+    return getattr(importlib.import_module(module), attr)
+
+
+__all__ = ["LlamaModel", "TargetView", "build_model"]

@@ -24,13 +24,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .. import kernels
-from ..attention.paged import AttentionMetadata, paged_attention
+from ..attention.paged import AttentionMetadata
 from ..loading.weights import QuantizedWeight
-from .layers import Linear, Rotary, fused_layer_weights, rms_norm, runs_fused, silu_mul
+from .decoder import LayerWeights, causal, decoder_layer, fused_decoder_layer, paged
+from .layers import Linear, Rotary, fused_layer_weights, runs_fused
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -92,18 +91,11 @@ class EagleNet(nn.Module):
                       sin: torch.Tensor) -> torch.Tensor:
         """embeds, features [B, L, hidden]; cos/sin [L, D] -> predicted next features [B, L, hidden]."""
         cfg = self.cfg
-        B, L, _ = embeds.shape
-        H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         x = self.fc(torch.cat([embeds, features], dim=-1))
-        h = _rms(x, self.attn_norm, cfg.rms_norm_eps)
-        q, k, v = self.qkv(h).split([H * D, Hkv * D, Hkv * D], dim=-1)
-        q, k = _rope(q.view(B, L, H, D), cos, sin), _rope(k.view(B, L, Hkv, D), cos, sin)
-        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.view(B, L, Hkv, D).transpose(1, 2),
-                                              is_causal=True, enable_gqa=Hkv != H)  # [B, H, L, D]
-        x = x + self.o(attn.transpose(1, 2).reshape(B, L, H * D))
-        h = _rms(x, self.ffn_norm, cfg.rms_norm_eps)
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        w = LayerWeights(self.attn_norm, self.ffn_norm, self.qkv, self.o, self.gate_up, self.down)
+        x, delta = decoder_layer(x, None, w, cos, sin, causal, cfg.rms_norm_eps, cfg.num_attention_heads,
+                                 cfg.num_key_value_heads, cfg.head_dim)
+        return x + delta
 
     # --- files --------------------------------------------------------------------------------
     def save(self, path: str, dtype: torch.dtype = torch.float16) -> None:
@@ -127,17 +119,6 @@ class EagleNet(nn.Module):
         return net.eval()
 
 
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, L, heads, D]; cos/sin [L, D] (rotate-half layout, as the target)."""
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
-    half = x.shape[-1] // 2
-    return x * c + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * s
-
-
 class EagleServing:
     """The draft network prepared for serving: projections as models.layers.Linear."""
 
@@ -149,6 +130,7 @@ class EagleServing:
         self.qkv, self.o, self.gate_up, self.down = lin(net.qkv), lin(net.o), lin(net.gate_up), lin(net.down)
         self.attn_norm = net.attn_norm.detach().float().to(device)
         self.ffn_norm = net.ffn_norm.detach().float().to(device)
+        self.layer = LayerWeights(self.attn_norm, self.ffn_norm, self.qkv, self.o, self.gate_up, self.down)
         self.fused = fused_layer_weights(self.attn_norm, self.ffn_norm, self.qkv, self.o, self.gate_up, self.down,
                                          self.cfg.head_dim)
 
@@ -157,24 +139,16 @@ class EagleServing:
                 meta: AttentionMetadata, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """embeds, features [T, hidden]; k_cache/v_cache [slots, kv_heads, D] -> predicted features [T, hidden]."""
         cfg = self.cfg
-        H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        T = embeds.shape[0]
-        x = self.fc(torch.cat([embeds, features], dim=-1))
+        H, Hkv, D, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+        x = self.fc(torch.cat([embeds, features], dim=-1))  # [T, hidden]
         cos, sin = rotary.tables(positions)
-        if runs_fused(self.fused, T, meta):
-            # The layer in one C++ call (as the target's decode steps): a draft step is ~0.4 ms of
-            # arithmetic, and issuing its ~20 ops from Python cost more than that.
-            tables, q_starts, q_lens, kv_lens = meta.paged_fields()
-            attn_norm, ffn_norm, qkv, qkv_bias, o, gate_up, down = self.fused
-            delta = kernels.ext().decoder_layer(
-                x, None, attn_norm, ffn_norm, cfg.rms_norm_eps, qkv, qkv_bias, o, gate_up, down, cos, sin, k_cache,
-                v_cache, meta.slot_mapping, tables, q_starts, q_lens, kv_lens, meta.block_size, D ** -0.5, H, Hkv, D)
-            return x + delta
-        h = rms_norm(x, self.attn_norm, cfg.rms_norm_eps)
-        q, k, v = Rotary.apply(self.qkv(h), cos, sin, H, Hkv, D)
-        attn = paged_attention(q, k, v, k_cache, v_cache, meta, D ** -0.5)
-        h = rms_norm(x, self.ffn_norm, cfg.rms_norm_eps, residual=self.o(attn.reshape(T, H * D)))
-        return x + self.down(silu_mul(self.gate_up(h)))
+        if runs_fused(self.fused, x.shape[0], meta):
+            # The layer in one C++ call (as the target's decode steps): a draft step is well under a
+            # millisecond of arithmetic, and issuing its ~20 ops from Python cost more than that.
+            x, delta = fused_decoder_layer(x, None, self.fused, eps, cos, sin, k_cache, v_cache, meta, D ** -0.5, H, Hkv, D)
+        else:
+            x, delta = decoder_layer(x, None, self.layer, cos, sin, paged(k_cache, v_cache, meta, D ** -0.5), eps, H, Hkv, D)
+        return x + delta
 
 
 def _q8(w: torch.Tensor) -> QuantizedWeight:

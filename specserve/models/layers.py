@@ -12,14 +12,13 @@ from ..loading.weights import QuantizedWeight, as_dense
 
 # Up to this many rows the block kernel beats dense fp32 (each unpacked block feeds up to 8 rows;
 # dense fp32 reads 4.8x the bytes and MKL is poor at few rows); above it (prefill) dense
-# matrix-matrix products win, so blocked layers also keep a dense copy. Measured on the embedded
-# model, one sequence at 150 tokens of context, ms per forward (blocks / dense): 12 rows 53 / 92,
-# 16 rows 70 / 104, 32 rows 149 / 150, 64 rows 295 / 222.
+# matrix-matrix products win, so blocked layers also keep a dense copy. Measured with
+# bench/profile_decode.py on the embedded model (blocks win to ~32 rows, dense from 64).
 BLOCK_KERNEL_MAX_ROWS = 32
 # With AMX tiles (weights with a copy for block_matmul_amx.cpp, which takes passes of 9+ rows) the
-# block kernel wins far longer: all layers' and the head's products, ms (blocks / dense), on a 2-core
-# Xeon: 32 rows 26 / 69, 64 rows 48 / 110, 256 rows 199 / 317, 512 rows 391 / 575, 1024 rows 827-969
-# / 1046-1138, 2048 rows 2448 / 2700 (noisy: the VM drifts by 10-20%).
+# block kernel wins far longer: ahead of dense at every size measured up to 2048 rows, by less past
+# ~1,000 (all layers' and the head's products; the table is in the README's AMX section, measured on
+# the 2-core Xeon of bench/results/spec-cpu-20261123-171653.md).
 BLOCK_KERNEL_MAX_ROWS_AMX = 1024
 
 
@@ -71,24 +70,38 @@ def runs_fused(weights, num_rows: int, meta) -> bool:
 
 
 def _fused(x: torch.Tensor) -> bool:
-    """The fused C++ element-wise ops cover the fp32 CPU path; everything else uses torch."""
-    return x.dtype == torch.float32 and x.device.type == "cpu" and kernels.available()
+    """The fused C++ element-wise ops cover flat [T, n] fp32 CPU tensors outside autograd; everything
+    else (GPU, bf16, training chunks) uses the torch references below."""
+    return (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2
+            and not (x.requires_grad and torch.is_grad_enabled()) and kernels.available())
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """w * x / rms(x). With `residual`, first x += residual in place (the residual stream update)."""
-    if _fused(x) and x.is_contiguous():
-        return kernels.ext().rms_norm(x, residual, weight, eps)
-    if residual is not None:
-        x += residual
-    # As HF's LlamaRMSNorm: normalise in fp32, scale in the model dtype.
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The reference RMSNorm over the last dim, as HF's LlamaRMSNorm: normalise in fp32, scale in x's dtype."""
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """w * x / rms(x) (the C++ kernel where it applies, else rms_norm_ref)."""
+    if _fused(x) and x.is_contiguous():
+        return kernels.ext().rms_norm(x, None, weight, eps)
+    return rms_norm_ref(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, eps: float):
+    """The residual stream update and the next norm: (x + residual, rms_norm(x + residual)). On the
+    C++ path x is updated in place (one pass over it); use the returned x either way."""
+    if _fused(x) and x.is_contiguous():
+        return x, kernels.ext().rms_norm(x, residual, weight, eps)
+    if residual is not None:
+        x = x + residual
+    return x, rms_norm_ref(x, weight, eps)
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[T, 2F] (gate | up) -> silu(gate) * up [T, F]."""
+    """[..., 2F] (gate | up) -> silu(gate) * up [..., F]."""
     if _fused(gate_up):
         return kernels.ext().silu_mul(gate_up.contiguous())
     gate, up = gate_up.chunk(2, dim=-1)
@@ -128,20 +141,20 @@ class Rotary:
         """cos, sin [T, D] for the step's token positions (looked up once, used by every layer)."""
         return self.cos.index_select(0, positions), self.sin.index_select(0, positions)
 
-    @staticmethod
-    def apply(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, D: int):
-        """Rotate q and k inside qkv [T, (H + 2 Hkv) D] (rotate-half / NeoX layout).
-        Returns q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]."""
-        T = qkv.shape[0]
-        if _fused(qkv) and qkv.is_contiguous():
-            kernels.ext().rope_(qkv, cos, sin, H + Hkv, D)
-            q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
-            return q.view(T, H, D), k.view(T, Hkv, D), v.view(T, Hkv, D)
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The reference rotate-half (NeoX) RoPE: x [..., heads, D]; cos/sin [..., D] (broadcast over heads)."""
+    c, s = cos.unsqueeze(-2).to(x.dtype), sin.unsqueeze(-2).to(x.dtype)
+    half = x.shape[-1] // 2
+    return x * c + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * s
+
+
+def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, Hkv: int, D: int):
+    """Split qkv [..., (H + 2 Hkv) D] and rotate q and k. Returns q [..., H, D], k [..., Hkv, D],
+    v [..., Hkv, D]. On the C++ path q and k are rotated in place inside qkv."""
+    if _fused(qkv) and qkv.is_contiguous():
+        kernels.ext().rope_(qkv, cos, sin, H + Hkv, D)
         q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
-        c, s = cos.unsqueeze(1).to(qkv.dtype), sin.unsqueeze(1).to(qkv.dtype)  # [T, 1, D]
-
-        def rot(x):
-            half = x.shape[-1] // 2
-            return x * c + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * s
-
-        return rot(q.reshape(T, H, D)), rot(k.reshape(T, Hkv, D)), v.reshape(T, Hkv, D)
+        return q.unflatten(-1, (H, D)), k.unflatten(-1, (Hkv, D)), v.unflatten(-1, (Hkv, D))
+    q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+    return rope(q.unflatten(-1, (H, D)), cos, sin), rope(k.unflatten(-1, (Hkv, D)), cos, sin), v.unflatten(-1, (Hkv, D))

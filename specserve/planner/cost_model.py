@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from .models import ModelSpec
+from .model_table import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .cost_model import AnalyticCostModel
-from .models import Cluster, ModelSpec
+from .model_table import Cluster, ModelSpec
 from .simulator import Group
 
 

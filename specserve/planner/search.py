@@ -28,7 +28,7 @@ from typing import Optional
 import numpy as np
 
 from .cost_model import AnalyticCostModel
-from .models import Cluster, ModelSpec
+from .model_table import Cluster, ModelSpec
 from .placement import GroupPlan, to_sim_groups
 from .simulator import Trace, run_trace, score_additions, simulate
 
@@ -125,7 +125,7 @@ class _Bucket:
             if not top or top[0][0] <= best_good:
                 break
             frontier = []
-            for v, state, g, m in top:
+            for _, state, g, m in top:
                 new = state.copy()
                 new[g, m] = True
                 frontier.append((new, self.good(new)[1]))
@@ -254,7 +254,7 @@ class _Planner:
 
 def plan(policy: str, specs: dict[str, ModelSpec], cluster: Cluster, requests, slo: dict[str, float],
          costs=None, cfg: Optional[SearchConfig] = None) -> PlanResult:
-    """requests: a Trace or a sorted list of Request; costs: AnalyticCostModel (default) or MeasuredCostModel."""
+    """requests: a Trace or a sorted list of Arrival; costs: AnalyticCostModel (default) or MeasuredCostModel."""
     t0 = time.perf_counter()
     costs = costs or AnalyticCostModel()
     cfg = cfg or SearchConfig()

@@ -36,7 +36,7 @@ class Group:
 
 
 @dataclass
-class Request:
+class Arrival:
     arrival: float
     model: str
 
@@ -50,7 +50,7 @@ class Trace:
     models: list[str]
 
     @classmethod
-    def from_requests(cls, requests: Sequence[Request], models: Optional[Sequence[str]] = None) -> "Trace":
+    def from_requests(cls, requests: Sequence[Arrival], models: Optional[Sequence[str]] = None) -> "Trace":
         names = list(models) if models is not None else sorted({r.model for r in requests})
         index = {m: i for i, m in enumerate(names)}
         for r in requests:
@@ -183,7 +183,7 @@ def score_additions(arrival, model, slo, served, stage_lat, num_stages, add_grou
     return good
 
 
-def simulate(groups: Sequence[Group], requests: Union[Trace, Sequence[Request]], slo: dict[str, float]) -> SimResult:
+def simulate(groups: Sequence[Group], requests: Union[Trace, Sequence[Arrival]], slo: dict[str, float]) -> SimResult:
     """Requests must be sorted by arrival. slo[m]: latency budget of model m in seconds."""
     trace = requests if isinstance(requests, Trace) else Trace.from_requests(requests)
     models = list(trace.models)

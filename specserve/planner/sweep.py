@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from tqdm import tqdm
 
-from .models import Cluster, parse_cluster, parse_models
+from .model_table import Cluster, parse_cluster, parse_models
 from .search import SearchConfig, plan
 from .simulator import Trace
 from .workload import multi_model
@@ -148,7 +148,7 @@ def two_model_example(cvs=(1, 2, 3, 4, 5, 6, 7, 8), rate: float = 2.0, slo_scale
     """AlpaServe's motivating example: two 13.4 GB models (BERT-6.7B) on two 16 GB devices.
     Dedicated: one model per device. Model-parallel: both models on both devices as a 2-stage
     pipeline (6.7 GB of each per device). Equal rates; attainment averaged over `seeds` traces."""
-    from .models import MODEL_TABLE
+    from .model_table import MODEL_TABLE
     from .placement import GroupPlan, to_sim_groups
     from .simulator import simulate
 

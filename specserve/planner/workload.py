@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .simulator import Request
+from .simulator import Arrival
 
 
 def gamma_arrivals(rate: float, cv: float, duration: float, rng: np.random.Generator) -> np.ndarray:
@@ -32,17 +32,17 @@ def poisson_arrivals(rate: float, duration: float, rng: np.random.Generator) -> 
 
 
 def multi_model(models: Sequence[str], rate: float, cv: float, duration: float, seed: int,
-                weights: Optional[Sequence[float]] = None) -> list[Request]:
+                weights: Optional[Sequence[float]] = None) -> list[Arrival]:
     """Total `rate` split over models (evenly, or by `weights`), each its own Gamma(rate_i, cv) process."""
     rng = np.random.default_rng(seed)
     w = np.ones(len(models)) if weights is None else np.asarray(weights, dtype=float)
     w = w / w.sum()
-    reqs = [Request(float(t), m) for m, wi in zip(models, w) for t in gamma_arrivals(rate * wi, cv, duration, rng)]
+    reqs = [Arrival(float(t), m) for m, wi in zip(models, w) for t in gamma_arrivals(rate * wi, cv, duration, rng)]
     reqs.sort(key=lambda r: r.arrival)
     return reqs
 
 
-def load_trace(path: str, models: Sequence[str], seed: int = 0, time_scale: float = 1.0) -> list[Request]:
+def load_trace(path: str, models: Sequence[str], seed: int = 0, time_scale: float = 1.0) -> list[Arrival]:
     """Replay a CSV trace; functions or unnamed requests are mapped onto `models` round-robin."""
     try:
         with open(path, newline="") as f:
@@ -59,10 +59,10 @@ def load_trace(path: str, models: Sequence[str], seed: int = 0, time_scale: floa
             ti = lower.index("timestamp")
             stamps = [_parse_time(r[ti]) for r in body]
             t0 = min(stamps)
-            reqs = [Request((s - t0) * time_scale, models[i % len(models)]) for i, s in enumerate(sorted(stamps))]
+            reqs = [Arrival((s - t0) * time_scale, models[i % len(models)]) for i, s in enumerate(sorted(stamps))]
         elif "timestamp" in lower and "model" in lower:  # per-request layout
             ti, mi = lower.index("timestamp"), lower.index("model")
-            reqs = [Request(float(r[ti]) * time_scale, r[mi].strip()) for r in body]
+            reqs = [Arrival(float(r[ti]) * time_scale, r[mi].strip()) for r in body]
             unknown = {r.model for r in reqs} - set(models)
             if unknown:
                 raise ValueError(f"models {sorted(unknown)} are not among the placed models")
@@ -74,7 +74,7 @@ def load_trace(path: str, models: Sequence[str], seed: int = 0, time_scale: floa
                 counts = np.asarray([int(float(c or 0)) for c in r[first:]])
                 minute = np.repeat(np.arange(len(counts)), counts)
                 times = (minute + rng.random(len(minute))) * 60.0 * time_scale
-                reqs += [Request(float(t), models[fi % len(models)]) for t in times]
+                reqs += [Arrival(float(t), models[fi % len(models)]) for t in times]
         else:
             raise ValueError("unknown layout: expected columns (timestamp, model), (TIMESTAMP, ContextTokens, "
                              "GeneratedTokens) or (HashFunction, 1..1440)")
@@ -92,3 +92,19 @@ def _parse_time(s: str) -> float:
         # Azure's "2023-11-16 18:15:46.6805900": trim to microseconds for fromisoformat
         head, _, frac = s.partition(".")
         return datetime.fromisoformat(head + ("." + frac[:6] if frac else "")).timestamp()
+
+
+def parse_workload(spec: str, models: list[str], duration: float, seed: int) -> list[Arrival]:
+    """A workload named on the command line: gamma:rate=R,cv=C, poisson:rate=R or trace:PATH."""
+    kind, _, rest = spec.partition(":")
+    if kind == "trace":
+        return load_trace(rest, models, seed=seed)
+    try:
+        kv = {k.strip(): float(v) for k, v in (item.split("=") for item in rest.split(",") if item.strip())}
+    except ValueError:
+        raise ValueError(f"workload {spec!r}: expected KIND:key=value,... e.g. gamma:rate=20,cv=4") from None
+    if kind == "gamma" and "rate" in kv:
+        return multi_model(models, kv["rate"], kv.get("cv", 1.0), duration, seed)
+    if kind == "poisson" and "rate" in kv:
+        return multi_model(models, kv["rate"], 1.0, duration, seed)
+    raise ValueError(f"workload {spec!r}: expected gamma:rate=R,cv=C, poisson:rate=R or trace:PATH")

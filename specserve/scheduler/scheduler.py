@@ -3,7 +3,9 @@
 Running requests go first (a decode token, or the next prefill chunk), then waiting ones are
 admitted while the token budget, the sequence limit and free KV blocks allow. A prompt longer than
 the budget is prefilled in chunks. A request with draft tokens brings them too (1 + k tokens to
-verify); rolling rejected ones back is the engine moving num_computed_tokens back. When blocks run out, the newest running request is preempted:
+verify). As in vLLM v1, scheduling a request moves its `num_computed_tokens` past the step's tokens
+(the step computes them), and `rollback` moves it back over the rejected drafts after verification,
+freeing the blocks they alone used. When blocks run out, the newest running request is preempted:
 its blocks are freed and it is recomputed later (its generated tokens are kept). Plain Python.
 """
 from __future__ import annotations
@@ -15,17 +17,15 @@ from ..kv.block_manager import BlockManager
 from ..types import Request, RequestStatus
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int  # tokens whose KV this step computes, starting at request.num_computed_tokens
-
-    @property
-    def samples(self) -> bool:
-        """Whether this step reaches the request's last known token (and its drafts, if any), so its
-        logits pick the next token(s)."""
-        r = self.request
-        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens + len(r.draft_token_ids)
+    start: int  # the step computes the KV of positions start .. start + num_new_tokens - 1
+    num_new_tokens: int  # known tokens, then num_draft_tokens draft tokens riding after them
+    num_draft_tokens: int = 0
+    # Whether this step reaches the request's last known token (and its drafts), so its logits pick
+    # the next token(s): 1 + num_draft_tokens logits rows. False for a prompt chunk short of its end.
+    samples: bool = True
 
 
 @dataclass
@@ -57,9 +57,9 @@ class Scheduler:
         while queue and budget > 0:
             req = queue.pop(0)
             # Draft tokens are just more tokens to compute; a budget too small for all of them drops them.
-            n = req.num_tokens + len(req.draft_token_ids) - req.num_computed_tokens
+            n = req.num_tokens + req.num_draft_tokens - req.num_computed_tokens
             if n > budget:
-                req.draft_token_ids = []
+                req.draft = None
                 n = min(req.num_tokens - req.num_computed_tokens, budget)
             while not self.blocks.can_allocate(req.block_table, req.num_computed_tokens + n):
                 victim = queue.pop() if queue else None
@@ -71,7 +71,7 @@ class Scheduler:
             if req is None:
                 break
             self.blocks.allocate(req.block_table, req.num_computed_tokens + n)
-            out.scheduled.append(ScheduledRequest(req, n))
+            out.scheduled.append(self._computes(req, n))
             kept.append(req)
             budget -= n
         kept.extend(queue)  # out of token budget: they wait one step, blocks kept
@@ -86,7 +86,7 @@ class Scheduler:
             self.blocks.allocate(req.block_table, req.num_computed_tokens + n)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            out.scheduled.append(ScheduledRequest(req, n))
+            out.scheduled.append(self._computes(req, n))
             budget -= n
         if not out.scheduled and self.waiting and not self.running:
             req = self.waiting[0]
@@ -94,10 +94,28 @@ class Scheduler:
                                f"({self.blocks.num_blocks} blocks of {self.blocks.block_size}); raise kv_cache_gib")
         return out
 
+    @staticmethod
+    def _computes(req: Request, n: int) -> ScheduledRequest:
+        """The step computes n more tokens of req (blocks already allocated): record it, move on."""
+        s = ScheduledRequest(req, req.num_computed_tokens, n, req.num_draft_tokens,
+                             samples=req.num_computed_tokens + n == req.num_tokens + req.num_draft_tokens)
+        req.num_computed_tokens += n
+        return s
+
+    def rollback(self, req: Request, num_tokens: int) -> None:
+        """Forget the last num_tokens computed tokens (rejected drafts): `num_computed_tokens` moves back
+        and blocks that held only those tokens are released (a block shared with a forked sibling just
+        loses this request's reference). Their KV slots are simply overwritten by later steps."""
+        if not 0 <= num_tokens <= req.num_computed_tokens:
+            raise ValueError(f"cannot roll back {num_tokens} of {req.request_id}'s {req.num_computed_tokens} computed tokens")
+        if num_tokens:
+            req.num_computed_tokens -= num_tokens
+            self.blocks.truncate(req.block_table, req.num_computed_tokens)
+
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.blocks.free(req.block_table)
         req.num_computed_tokens = 0
-        req.draft_token_ids = []
+        req.draft = None
         req.status = RequestStatus.WAITING
         if req in self.running:
             self.running.remove(req)

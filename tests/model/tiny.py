@@ -3,7 +3,7 @@ import json
 import os
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 VOCAB = 256
 

@@ -74,16 +74,21 @@ def test_block_matmul_matches_dense(type_name, M, build):
     torch.testing.assert_close(bw.rows(ids), dense[ids], rtol=0, atol=0)
 
 
-def test_fused_elementwise_ops_match_torch():
-    from specserve.models.layers import Rotary
+def test_fused_elementwise_ops_match_the_references():
+    """The C++ fast paths of add_rms_norm, silu_mul and rope_qkv against the one torch reference each."""
+    from specserve.models.layers import Rotary, add_rms_norm, rms_norm_ref, rope, rope_qkv
     ext = kernels.ext()
     x, r, w = torch.randn(5, 64), torch.randn(5, 64), torch.randn(64)
-    x2 = x.clone()
-    out = ext.rms_norm(x2, r, w, 1e-5)
+    x2, out = add_rms_norm(x.clone(), r, w, 1e-5)  # the kernel: x2 updated in place
     ref_x = x + r
-    ref = w * (ref_x * torch.rsqrt(ref_x.pow(2).mean(-1, keepdim=True) + 1e-5))
     torch.testing.assert_close(x2, ref_x)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, rms_norm_ref(ref_x, w, 1e-5), rtol=1e-5, atol=1e-5)
+    with torch.enable_grad():  # autograd (training) takes the reference: same numbers
+        xg = x.clone().requires_grad_()
+        xr, outg = add_rms_norm(xg, r, w, 1e-5)
+        outg.sum().backward()
+        assert xg.grad is not None
+    torch.testing.assert_close(outg.detach(), out, rtol=1e-5, atol=1e-5)
     gu = torch.randn(4, 32)
     torch.testing.assert_close(ext.silu_mul(gu), torch.nn.functional.silu(gu[:, :16]) * gu[:, 16:], rtol=1e-5, atol=1e-6)
     rot = Rotary(16, 10000.0, None, 64, None, torch.device("cpu"))
@@ -93,8 +98,10 @@ def test_fused_elementwise_ops_match_torch():
     half = 8
     q = qkv[:, :32].view(3, 2, 16)
     ref_q = q * cos[:, None] + torch.cat([-q[..., half:], q[..., :half]], -1) * sin[:, None]
-    fused_q, _, v = Rotary.apply(qkv.clone(), cos, sin, 2, 1, 16)
+    torch.testing.assert_close(rope(q, cos, sin), ref_q, rtol=1e-6, atol=1e-6)
+    fused_q, fused_k, v = rope_qkv(qkv.clone(), cos, sin, 2, 1, 16)
     torch.testing.assert_close(fused_q, ref_q, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused_k, rope(qkv[:, 32:48].view(3, 1, 16), cos, sin), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(v.reshape(3, 16), qkv[:, 48:])
 
 

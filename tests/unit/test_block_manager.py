@@ -1,5 +1,6 @@
-from specserve.kv.block_manager import BlockManager, NoFreeBlocksError
 import pytest
+
+from specserve.kv.block_manager import BlockManager, NoFreeBlocksError
 
 
 def test_allocate_grows_table_and_uses_free_list():

@@ -2,7 +2,7 @@
 import pytest
 
 from specserve.planner.cost_model import AnalyticCostModel, LayerProfile, MeasuredCostModel
-from specserve.planner.models import MODEL_TABLE, parse_models
+from specserve.planner.model_table import MODEL_TABLE, parse_models
 
 PROFILE = LayerProfile(model="toy", layer_s=[0.001, 0.010, 0.010, 0.010, 0.030, 0.002],
                        layer_bytes=[100, 10, 10, 10, 10, 100], boundary_s=0.0005, tokens=16)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from specserve.planner.models import MODEL_TABLE, parse_cluster, parse_models
+from specserve.planner.model_table import MODEL_TABLE, parse_cluster, parse_models
 from specserve.planner.workload import gamma_arrivals, load_trace, multi_model
 
 
@@ -80,7 +80,7 @@ def test_malformed_traces_say_what_is_wrong(tmp_path):
 def test_planner_imports_no_torch():
     import subprocess
     import sys
-    code = ("import sys, specserve.planner.simulator, specserve.planner.workload, specserve.planner.models, "
+    code = ("import sys, specserve.planner.simulator, specserve.planner.workload, specserve.planner.model_table, "
             "specserve.planner.search, specserve.planner.sweep, specserve.planner.cost_model, specserve.planner.placement, "
             "specserve.kv.block_manager, specserve.scheduler.scheduler; print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -2,7 +2,7 @@
 import pytest
 
 from specserve.planner.cost_model import CostParams, analytic_costs
-from specserve.planner.models import MODEL_TABLE, parse_cluster
+from specserve.planner.model_table import MODEL_TABLE, parse_cluster
 from specserve.planner.placement import GroupPlan, to_sim_groups
 from specserve.planner.simulator import simulate
 from specserve.planner.workload import multi_model

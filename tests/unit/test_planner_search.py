@@ -1,7 +1,7 @@
 """Placement policies on the two-model example, small enough to check by reasoning."""
 import pytest
 
-from specserve.planner.models import MODEL_TABLE, parse_cluster
+from specserve.planner.model_table import MODEL_TABLE, parse_cluster
 from specserve.planner.search import partitions, plan
 from specserve.planner.workload import multi_model
 
@@ -38,7 +38,7 @@ def test_unknown_policy():
 
 
 def test_buckets_cut_at_latency_jumps():
-    from specserve.planner.models import parse_models
+    from specserve.planner.model_table import parse_models
     from specserve.planner.search import buckets
     specs = dict(parse_models("bert-1.3b:1,moe-1.3b:1,bert-6.7b:1,bert-104b:1"))
     # latencies 0.150, 0.151, 0.395, 4.6 s
@@ -47,7 +47,7 @@ def test_buckets_cut_at_latency_jumps():
 
 
 def test_selective_replication_gives_a_too_big_model_its_smallest_pipeline():
-    from specserve.planner.models import parse_models
+    from specserve.planner.model_table import parse_models
     specs = dict(parse_models("bert-104b:1,bert-1.3b:2"))
     slo = {m: 5 * s.latency_s for m, s in specs.items()}
     reqs = multi_model(list(specs), 2.0, 1.0, 200, 0)
@@ -59,7 +59,7 @@ def test_selective_replication_gives_a_too_big_model_its_smallest_pipeline():
 
 
 def test_alpaserve_beats_selective_replication_on_a_bursty_16_device_cluster():
-    from specserve.planner.models import parse_models
+    from specserve.planner.model_table import parse_models
     specs = dict(parse_models("bert-6.7b:8"))
     slo = {m: 5 * s.latency_s for m, s in specs.items()}
     reqs = multi_model(list(specs), 8.0, 4.0, 1000, 0)

@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from specserve.planner.simulator import Group, Request, simulate
+from specserve.planner.simulator import Arrival, Group, simulate
 
 
 def reqs(times, model="a"):
-    return [Request(t, model) for t in times]
+    return [Arrival(t, model) for t in times]
 
 
 def test_one_device_fifo_queue():
@@ -48,7 +48,7 @@ def test_requests_that_would_miss_the_deadline_are_dropped():
 def test_shortest_queue_dispatch_and_unserved_models():
     g0 = Group(devices=[0], stage_latency={"a": [1.0]})
     g1 = Group(devices=[1], stage_latency={"a": [1.0], "b": [1.0]})
-    res = simulate([g0, g1], [Request(0.0, "a"), Request(0.0, "a"), Request(0.0, "c")], slo={"a": 5, "b": 5, "c": 5})
+    res = simulate([g0, g1], [Arrival(0.0, "a"), Arrival(0.0, "a"), Arrival(0.0, "c")], slo={"a": 5, "b": 5, "c": 5})
     # the two a-requests go to different groups (both finish at 1); nobody serves c
     np.testing.assert_allclose(res.finish[:2], [1.0, 1.0])
     assert np.isnan(res.finish[2]) and res.per_model_good == {"a": (2, 2), "c": (0, 1)}

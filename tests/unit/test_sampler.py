@@ -24,7 +24,8 @@ def test_greedy_and_logprobs():
 def test_same_seed_same_tokens_and_frequencies_follow_probs():
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
     params = [SamplingParams(temperature=1.0)]
-    draws = lambda seed: [sample(logits, params, [g], False)[0][0] for g in [make_generator(seed, torch.device("cpu"))] for _ in range(2000)]
+    draws = lambda seed: [sample(logits, params, [g], False)[0][0]
+                          for g in [make_generator(seed, torch.device("cpu"))] for _ in range(2000)]
     a, b = draws(5), draws(5)
     assert a == b
     freq = torch.bincount(torch.tensor(a), minlength=3).float() / len(a)

@@ -1,3 +1,5 @@
+import pytest
+
 from specserve.kv.block_manager import BlockManager
 from specserve.scheduler.scheduler import Scheduler
 from specserve.types import Request, RequestStatus, SamplingParams
@@ -8,10 +10,11 @@ def req(i, n_prompt):
 
 
 def advance(out):
-    sampling = [s.samples for s in out.scheduled]  # decided before the computed count moves
-    for s, samples in zip(out.scheduled, sampling):
-        s.request.num_computed_tokens += s.num_new_tokens
-        if samples:
+    """What the engine does after the model ran: a token for every request whose step samples
+    (schedule() already moved num_computed_tokens past the step)."""
+    for s in out.scheduled:
+        assert s.request.num_computed_tokens == s.start + s.num_new_tokens
+        if s.samples:
             s.request.output_token_ids.append(7)
 
 
@@ -57,3 +60,76 @@ def test_finish_frees_blocks():
     s.finish(a)
     assert bm.num_free_blocks == 8 and not s.has_unfinished()
 
+
+
+# --- roll-back: the scheduler's, after verification rejected drafts ---------------------------------
+def decoding_with_draft(s, prompt_len, num_drafts):
+    """A request prefilled and decoding, then scheduled with num_drafts draft tokens."""
+    from specserve.types import Draft
+    r = req(0, prompt_len)
+    s.add(r)
+    advance(s.schedule())
+    r.draft = Draft(list(range(100, 100 + num_drafts)))
+    out = s.schedule()
+    assert out.scheduled[0].num_draft_tokens == num_drafts and out.scheduled[0].num_new_tokens == 1 + num_drafts
+    return r
+
+
+def test_rollback_within_a_partial_block_keeps_the_block():
+    bm = BlockManager(16, 4)
+    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    r = decoding_with_draft(s, 5, 2)  # 5 prompt + 1 output + 2 drafts: 8 tokens, 2 blocks
+    assert r.num_computed_tokens == 8 and len(r.block_table) == 2
+    s.rollback(r, 1)  # one draft rejected: 7 tokens still need both blocks
+    assert r.num_computed_tokens == 7 and len(r.block_table) == 2 and bm.num_free_blocks == 14
+
+
+def test_rollback_frees_whole_blocks_only_the_rejected_tokens_used():
+    bm = BlockManager(16, 4)
+    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    r = decoding_with_draft(s, 5, 6)  # 6 known + 6 drafts: 12 tokens, 3 blocks
+    assert len(r.block_table) == 3 and bm.num_free_blocks == 13
+    third = r.block_table[2]
+    s.rollback(r, 6)  # every draft rejected: 6 tokens fit in 2 blocks
+    assert r.num_computed_tokens == 6 and len(r.block_table) == 2
+    assert bm.num_free_blocks == 14 and bm.ref_counts[third] == 0 and third in bm.free_blocks
+    s.rollback(r, 0)  # nothing rejected: nothing moves
+    assert r.num_computed_tokens == 6 and len(r.block_table) == 2
+    with pytest.raises(ValueError, match="cannot roll back"):
+        s.rollback(r, 7)
+
+
+def test_rollback_of_a_forked_sample_leaves_shared_blocks_to_its_sibling():
+    bm = BlockManager(16, 4)
+    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    leader = req(0, 8)  # two full blocks of prompt
+    s.add(leader)
+    advance(s.schedule())
+    sib = Request("0-1", list(leader.prompt_token_ids), leader.params)
+    assert s.fork(leader, sib) == []  # full blocks only: shared, nothing to copy
+    shared = list(sib.block_table)
+    assert all(bm.ref_counts[b] == 2 for b in shared)
+    sib.output_token_ids.append(7)
+    from specserve.types import Draft
+    sib.draft = Draft([1, 2, 3])
+    out = s.schedule()
+    assert [x.request for x in out.scheduled] == [leader, sib]
+    assert len(sib.block_table) == 3  # 9 known + 3 drafts: a private third block
+    private = sib.block_table[2]
+    s.rollback(sib, 4)  # back to 8 tokens: its private block goes, the shared ones stay
+    assert sib.block_table == shared and bm.ref_counts[private] == 0
+    assert all(bm.ref_counts[b] == 2 for b in shared)
+    s.rollback(sib, 8)  # even all the way back, the leader keeps its blocks
+    assert sib.block_table == [] and all(bm.ref_counts[b] == 1 for b in shared)
+    assert leader.block_table[:2] == shared
+
+
+def test_dropped_drafts_and_preemption_clear_the_draft():
+    from specserve.types import Draft
+    s = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=3)
+    r = req(0, 2)
+    s.add(r)
+    advance(s.schedule())
+    r.draft = Draft([1, 2, 3, 4])  # 1 + 4 tokens > budget 3: the draft is dropped, the token stays
+    out = s.schedule()
+    assert r.draft is None and out.scheduled[0].num_new_tokens == 1 and out.scheduled[0].num_draft_tokens == 0

@@ -1,9 +1,9 @@
 """Draft-length policies (BASS Algorithm 1 by hand), the cost model's choice, and prompt lookup."""
 import pytest
 
-from specserve.drafters.policies import BassPolicy, FixedPolicy, ThresholdPolicy, make_policy
 from specserve.drafters.prompt_lookup import PromptLookupDrafter
-from specserve.engine.speculative import CostModel
+from specserve.spec import CostModel
+from specserve.spec.policies import BassPolicy, FixedPolicy, ThresholdPolicy, make_policy
 from specserve.types import Request, SamplingParams
 
 
@@ -99,8 +99,9 @@ def test_break_even_confidence_from_measured_costs():
 
 def test_selection_keeps_the_prefix_that_pays_on_the_measured_curve():
     import torch
-    from specserve.drafters.base import Draft
-    from specserve.engine.speculative import select_drafts
+
+    from specserve.spec import select_drafts
+    from specserve.types import Draft
     q = torch.eye(4)[:3]
     d = Draft([5, 6, 7], q, [0.9, 0.8, 0.9])  # cumulative 0.9, 0.72, 0.648
     line = [10 + 3 * n for n in range(4)]  # ms: every row costs 3, i.e. 0.3 of a plain token
@@ -114,19 +115,19 @@ def test_selection_keeps_the_prefix_that_pays_on_the_measured_curve():
     # lookup tokens carry the measured acceptance of a 3-gram match (0.73, then 0.85 each), so long
     # copies get cut where the cumulative chance falls below 0.3: 0.73 * 0.85^5 = 0.32, * 0.85 = 0.28
     r = Request("0", [1, 2, 3] + list(range(10, 30)) + [1, 2, 3], SamplingParams())
-    look = PromptLookupDrafter(max_ngram=3).propose([r], 10)[0]
+    look = PromptLookupDrafter(max_ngram=3).propose([r], 10).drafts[0]
     assert len(look.tokens) == 10 and look.confidence == [0.73] + [0.85] * 9
     assert len(select_drafts([look], [10 + 3 * n for n in range(11)])[0].tokens) == 6
     # a 1-gram match is a weak guess (a quarter of them are right): not worth a row here
     r1 = Request("1", [7, 40, 41, 42, 7], SamplingParams())
-    weak = PromptLookupDrafter(max_ngram=3).propose([r1], 3)[0]
+    weak = PromptLookupDrafter(max_ngram=3).propose([r1], 3).drafts[0]
     assert weak.tokens == [40, 41, 42] and weak.confidence[0] == 0.25
     assert select_drafts([weak], [10, 13, 16, 19])[0].tokens == []
 
 
 def test_selection_is_a_budget_for_the_whole_batch():
-    from specserve.drafters.base import Draft
-    from specserve.engine.speculative import select_drafts
+    from specserve.spec import select_drafts
+    from specserve.types import Draft
     a = Draft([1, 2], None, [0.95, 0.95])
     b = Draft([3], None, [0.5])
     # two sequences; two more rows are cheap, a third is not: the likely tokens get them
@@ -168,17 +169,17 @@ def test_break_even_drafting_does_not_pay():
 
 def test_prompt_lookup_copies_what_followed_the_last_ngram():
     r = Request("0", [1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2, 3], SamplingParams())
-    d = PromptLookupDrafter(max_ngram=3).propose([r], 3)[0]
+    d = PromptLookupDrafter(max_ngram=3).propose([r], 3).drafts[0]
     assert d.tokens == [7, 8, 1] and d.probs is None  # the most recent earlier match of [1, 2, 3]
     r2 = Request("1", [5, 6, 7], SamplingParams())
-    assert PromptLookupDrafter().propose([r2], 4)[0].tokens == []
+    assert PromptLookupDrafter().propose([r2], 4).drafts[0].tokens == []
 
 
 def test_seeded_requests_with_the_same_length_draft_in_one_pass():
     """Seeded sampled requests keep their own policies, but those with the same draft length share one
     drafter call per step (one per request was a draft pass per request per token: slow on a GPU)."""
-    from specserve.drafters.base import Draft, Drafter
-    from specserve.engine.speculative import SpeculativeDecoder
+    from specserve.drafters.base import Draft, Drafter, Proposal
+    from specserve.spec import SpeculativeDecoder
     from specserve.types import Request, RequestStatus, SamplingParams
 
     class Recorder(Drafter):
@@ -187,7 +188,7 @@ def test_seeded_requests_with_the_same_length_draft_in_one_pass():
 
         def propose(self, requests, max_len, min_confidence=None):
             self.calls.append(([r.request_id for r in requests], max_len))
-            return [Draft([1] * max_len, None, [1.0] * max_len) for _ in requests]
+            return Proposal([Draft([1] * max_len, None, [1.0] * max_len) for _ in requests])
 
     def decoding(rid, seed, temperature):
         r = Request(rid, [5, 6, 7], SamplingParams(temperature=temperature, max_tokens=8), seed=seed)
@@ -199,7 +200,7 @@ def test_seeded_requests_with_the_same_length_draft_in_one_pass():
     reqs = [decoding("a", 1, 0.8), decoding("b", 2, 0.8), decoding("c", 3, 0.8), decoding("g", None, 0.0)]
     spec.propose(reqs)
     assert sorted(drafter.calls) == [(["a", "b", "c"], 3), (["g"], 3)]
-    assert all(r.draft_token_ids == [1, 1, 1] for r in reqs)
+    assert all(r.draft.tokens == [1, 1, 1] for r in reqs)
 
 
 def test_lookups_are_not_timed_as_draft_model_steps():
@@ -207,8 +208,8 @@ def test_lookups_are_not_timed_as_draft_model_steps():
     enter the per-step draft time (they had pulled c to ~0.007 and made drafting look free)."""
     import time
 
-    from specserve.drafters.base import Draft, Drafter
-    from specserve.engine.speculative import SpeculativeDecoder
+    from specserve.drafters.base import Draft, Drafter, Proposal
+    from specserve.spec import SpeculativeDecoder
     from specserve.types import Request, RequestStatus, SamplingParams
 
     class Mixed(Drafter):
@@ -217,10 +218,9 @@ def test_lookups_are_not_timed_as_draft_model_steps():
         def propose(self, requests, max_len, min_confidence=None):
             if self.model_runs:
                 time.sleep(0.01)  # a draft model: 2 passes over the batch
-                self.last_model_passes, self.last_model_batch = 2, len(requests)
-                return [Draft([1, 2], None, [0.9, 0.9]) for _ in requests]
-            self.last_model_passes = self.last_model_batch = 0  # a lookup: found at once
-            return [Draft([1, 2, 3], None, [0.9, 0.9, 0.9]) for _ in requests]
+                return Proposal([Draft([1, 2], None, [0.9, 0.9]) for _ in requests], model_passes=2,
+                                model_batch=len(requests))
+            return Proposal([Draft([1, 2, 3], None, [0.9, 0.9, 0.9]) for _ in requests])  # a lookup: found at once
 
     def decoding(rid):
         r = Request(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=8))

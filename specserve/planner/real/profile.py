@@ -2,7 +2,8 @@
 
 Units are timed inside whole forward passes on one thread (a serving process gets one core here),
 with an idle gap before each pass as between served requests: timing one unit over and over keeps
-its weights in cache and reads ~20% fast against what a serving process sees. Median of `reps`. The stage-boundary cost is a gloo ping-pong of one stage's activations
+its weights in cache and reads ~20% fast against what a serving process sees. Median of `reps`.
+The stage-boundary cost is a gloo ping-pong of one stage's activations
 [T, hidden] between two processes (half the round trip). The result feeds MeasuredCostModel, which
 turns it into stage latencies for any pipeline split.
 """

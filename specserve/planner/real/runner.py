@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..cost_model import LayerProfile, MeasuredCostModel
-from ..models import ModelSpec
+from ..model_table import ModelSpec
 from ..placement import GroupPlan
 from ..simulator import Trace
 from .launch import free_port, join, spawn, torchrun_rank

@@ -65,5 +65,5 @@ class PipelineStage:
         if delta is not None:
             x = x + delta
         if self.last:
-            return m._head(x, self.last_row, False).argmax(-1)  # [1]
+            return m.head(x, self.last_row).argmax(-1)  # [1]
         return x

@@ -1,9 +1,14 @@
 """Draft-length policies: asked before each step how long the drafts may be, told after it how many
-tokens each sequence drafted and had accepted. Plain Python."""
+tokens each sequence drafted and had accepted. Plain Python. Each is named in
+`specserve.registry.POLICIES`, which points at its `make(draft_len)`: draft_len "auto" keeps the
+policy's default (fixed 4, BASS l0 = 7, threshold limit 8); an integer K is fixed's k, BASS's l0,
+threshold's limit."""
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
+
+from ..registry import POLICIES
 
 
 class DraftLengthPolicy:
@@ -14,6 +19,10 @@ class DraftLengthPolicy:
 
     def update(self, drafted: list[int], accepted: list[int], confidences: list[list[float]]) -> None:
         pass
+
+    @classmethod
+    def make(cls, draft_len: Union[str, int] = "auto") -> "DraftLengthPolicy":
+        return cls() if draft_len == "auto" else cls(int(draft_len))
 
 
 class FixedPolicy(DraftLengthPolicy):
@@ -29,7 +38,7 @@ class BassPolicy(DraftLengthPolicy):
     all of it; otherwise shrink by ceil(l / l_mod) (+1 on consecutive shrinks), never below the longest
     accepted run of the step."""
 
-    def __init__(self, l0: int = 7, l_incre: int = 2, l_mod: int = 10, l_limit: int = 32):
+    def __init__(self, l0: int = 7, l_incre: int = 2, l_mod: int = 10, l_limit: int = 32):  # make(K): l0 = K
         self.l, self.l_incre, self.l_mod, self.l_limit = l0, l_incre, l_mod, l_limit
         self.s = 0
 
@@ -53,7 +62,7 @@ class ThresholdPolicy(DraftLengthPolicy):
     threshold toward the cumulative probability at the last accepted position (lower it a little when a
     whole draft was accepted), clamped to [0.05, 0.95]."""
 
-    def __init__(self, limit: int = 8, threshold: float = 0.5, rate: float = 0.5, step_down: float = 0.05):
+    def __init__(self, limit: int = 8, threshold: float = 0.5, rate: float = 0.5, step_down: float = 0.05):  # make(K): limit
         self.limit, self.min_confidence, self.rate, self.step_down = limit, threshold, rate, step_down
 
     def draft_len(self) -> int:
@@ -73,16 +82,5 @@ class ThresholdPolicy(DraftLengthPolicy):
             self.min_confidence = min(0.95, max(0.05, self.min_confidence + self.rate * (goal - self.min_confidence)))
 
 
-POLICIES = {"fixed": FixedPolicy, "bass": BassPolicy, "threshold": ThresholdPolicy}
-
-
-def make_policy(name: str, draft_len) -> DraftLengthPolicy:
-    """draft_len "auto" keeps each policy's default (fixed 4, BASS l0 = 7, threshold limit 8);
-    an integer K is fixed's k, BASS's l0, threshold's limit."""
-    if name not in POLICIES:
-        raise ValueError(f"unknown draft-length policy {name!r} (choose from {', '.join(POLICIES)})")
-    if draft_len == "auto":
-        return POLICIES[name]()
-    k = int(draft_len)
-    return {"fixed": lambda: FixedPolicy(k), "bass": lambda: BassPolicy(l0=k),
-            "threshold": lambda: ThresholdPolicy(limit=k)}[name]()
+def make_policy(name: str, draft_len: Union[str, int] = "auto") -> DraftLengthPolicy:
+    return POLICIES.get(name)(draft_len)

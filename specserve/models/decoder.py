@@ -1,0 +1,77 @@
+"""The Llama decoder layer, written once.
+
+`decoder_layer` is the reference: RMSNorm -> q/k/v with rotate-half RoPE -> attention -> o ->
+RMSNorm -> SwiGLU MLP, on a residual stream of any leading shape ([T, hidden] flat ragged batches,
+[B, L, hidden] training chunks). What differs between its users is passed in, not rewritten:
+  * the projections, as callables (models.layers.Linear over GGML blocks or dense weights,
+    nn.Linear for training with autograd, F.linear over dense tensors);
+  * the attention, as `attend(q, k, v)`: `paged(...)` over a paged KV cache (serving: the target,
+    the EAGLE draft, the planner's pipeline stages) or `causal` SDPA over whole chunks (training).
+Users: models/llama.py (target), models/eagle.py (EAGLE draft, serving and training),
+training/target.py (the dense target that trains drafts), planner/real/stages.py via LlamaModel.
+
+The residual stream is carried as (x, delta): the sub-layer output not yet added to x. Serving adds
+it inside the next RMSNorm (one pass over x, as the fused C++ kernels do); the sums are the same.
+
+`fused_decoder_layer` is the fast path for decode-sized fp32 CPU steps: the whole layer in one C++
+call (kernels/decoder_layer.cpp), tested against `decoder_layer` (tests/model/test_decoder_layer.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import kernels
+from ..attention.paged import AttentionMetadata, paged_attention
+from .layers import add_rms_norm, rope_qkv, silu_mul
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # [hidden]
+    ffn_norm: torch.Tensor  # [hidden]
+    qkv: Callable  # [..., hidden] -> [..., (H + 2 Hkv) D] (q, k, v stacked, with their bias if any)
+    o: Callable  # [..., H D] -> [..., hidden]
+    gate_up: Callable  # [..., hidden] -> [..., 2 F] (gate | up)
+    down: Callable  # [..., F] -> [..., hidden]
+
+
+def decoder_layer(x: torch.Tensor, delta: Optional[torch.Tensor], w: LayerWeights, cos: torch.Tensor,
+                  sin: torch.Tensor, attend: Attend, eps: float, H: int, Hkv: int, D: int):
+    """x [..., hidden] residual stream, delta the previous sub-layer's output not yet added (None: none);
+    cos/sin [..., D] broadcastable to the tokens' positions; attend(q [..., H, D], k, v [..., Hkv, D])
+    -> [..., H, D]. Returns (x, delta): the stream and this layer's MLP output, not yet added."""
+    x, h = add_rms_norm(x, delta, w.attn_norm, eps)
+    q, k, v = rope_qkv(w.qkv(h), cos, sin, H, Hkv, D)
+    x, h = add_rms_norm(x, w.o(attend(q, k, v).flatten(-2)), w.ffn_norm, eps)
+    return x, w.down(silu_mul(w.gate_up(h)))
+
+
+def paged(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> Attend:
+    """Attention over a flat ragged batch with a paged KV cache (k_cache/v_cache [slots, Hkv, D])."""
+    return lambda q, k, v: paged_attention(q, k, v, k_cache, v_cache, meta, scale)
+
+
+def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention over whole chunks: q [B, L, H, D], k/v [B, L, Hkv, D] -> [B, L, H, D]."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                         enable_gqa=k.shape[-2] != q.shape[-2])
+    return out.transpose(1, 2)
+
+
+def fused_decoder_layer(x: torch.Tensor, delta: Optional[torch.Tensor], weights: tuple, eps: float,
+                        cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: AttentionMetadata, scale: float, H: int, Hkv: int, D: int):
+    """`decoder_layer` with paged attention as one C++ call; weights: layers.fused_layer_weights.
+    x [T, hidden] is updated in place with delta; returns (x, this layer's output)."""
+    tables, q_starts, q_lens, kv_lens = meta.paged_fields()
+    attn_norm, ffn_norm, qkv, qkv_bias, o, gate_up, down = weights
+    out = kernels.ext().decoder_layer(x, delta, attn_norm, ffn_norm, eps, qkv, qkv_bias, o, gate_up, down, cos, sin,
+                                      k_cache, v_cache, meta.slot_mapping, tables, q_starts, q_lens, kv_lens,
+                                      meta.block_size, scale, H, Hkv, D)
+    return x, out

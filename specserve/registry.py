@@ -1,0 +1,99 @@
+"""Every kind of name the user picks from, listed once: config validation, CLI choices, loaders and
+error messages all read these tables. Stdlib only (config and the CLI import it before torch).
+
+Entries point at their implementation by "module:attribute" and import it on first use, so that
+listing the names costs nothing. Adding a drafter is one file plus one `DRAFTERS.register` line;
+adding a Llama-like architecture is one `ARCHITECTURES.register` line.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Union
+
+
+class Registry:
+    """Names of one kind -> their implementation (an object, or a lazy "module:attribute" string)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, Any] = {}
+        self._help: dict[str, str] = {}
+
+    def register(self, name: str, target: Union[str, Any], help: str = "") -> None:
+        self._entries[name] = target
+        self._help[name] = help
+
+    def unregister(self, name: str) -> None:
+        self._entries.pop(name, None)
+        self._help.pop(name, None)
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def help(self, name: str) -> str:
+        return self._help.get(name, "")
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def check(self, name: str) -> str:
+        """name, or a one-line ValueError listing the choices."""
+        if name not in self._entries:
+            raise ValueError(f"unknown {self.kind} {name!r} (choose from {', '.join(self._entries)})")
+        return name
+
+    def get(self, name: str) -> Any:
+        target = self._entries[self.check(name)]
+        if isinstance(target, str):  # "package.module:attribute", imported on first use
+            module, _, attrs = target.partition(":")
+            target = importlib.import_module(module)
+            for attr in attrs.split("."):
+                target = getattr(target, attr)
+            self._entries[name] = target
+        return target
+
+
+# --- speculative decoding --------------------------------------------------------------------------
+# A drafter factory: factory(spec: SpeculativeConfig, ctx: drafters.DrafterContext) -> Drafter.
+DRAFTERS = Registry("speculative method")
+DRAFTERS.register("draft", "specserve.drafters.draft_model:build",
+                  "a draft model: the shipped EAGLE draft, an EAGLE dir, or any model with the target's tokenizer")
+DRAFTERS.register("lookup", "specserve.drafters.prompt_lookup:build", "prompt lookup in the sequence's own tokens")
+DRAFTERS.register("lookup+draft", "specserve.drafters.lookup_first:build",
+                  "prompt lookup where the text repeats, the draft model elsewhere")
+
+# A draft-length policy factory: factory(draft_len: "auto" | int) -> spec.policies.DraftLengthPolicy.
+POLICIES = Registry("draft-length policy")
+POLICIES.register("bass", "specserve.spec.policies:BassPolicy.make", "BASS Algorithm 1 (grow while all accepted)")
+POLICIES.register("fixed", "specserve.spec.policies:FixedPolicy.make", "a fixed draft length")
+POLICIES.register("threshold", "specserve.spec.policies:ThresholdPolicy.make",
+                  "draft while the cumulative draft probability stays above an adapted threshold")
+
+# Ragged verification attention (attention/paged.py); "auto" resolves per device.
+ATTENTION = Registry("speculative attention")
+ATTENTION.register("auto", None, "split on CPU, pad on CUDA")
+ATTENTION.register("split", None, "per sequence, no padding (the C++ paged kernel on CPU)")
+ATTENTION.register("pad", None, "one padded batch, one SDPA call")
+
+
+# --- model architectures ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Architecture:
+    model: str  # "module:class" of the implementation
+    hf_class: str  # config.json "architectures" entry
+    attention_bias: bool = False  # q/k/v projections carry a bias
+    # llama.cpp's converter interleaves the two rotary halves of q/k rows for these (not for qwen2)
+    gguf_permuted_qk: bool = True
+
+
+ARCHITECTURES = Registry("architecture")
+ARCHITECTURES.register("llama", Architecture("specserve.models.llama:LlamaModel", "LlamaForCausalLM"))
+ARCHITECTURES.register("mistral", Architecture("specserve.models.llama:LlamaModel", "MistralForCausalLM"))
+ARCHITECTURES.register("qwen2", Architecture("specserve.models.llama:LlamaModel", "Qwen2ForCausalLM",
+                                             attention_bias=True, gguf_permuted_qk=False))
+
+
+def architecture_for_hf_class(hf_class: str) -> Union[str, None]:
+    return next((n for n in ARCHITECTURES.names() if ARCHITECTURES.get(n).hf_class == hf_class), None)
+

@@ -1,0 +1,233 @@
+"""The cost model speculation decides with: seconds per step by target rows (calibrated at start-up by
+`calibrate`, then measured while serving), seconds per draft step, acceptance, and what drafting
+steps yielded against plain steps. Predicts tokens per second of a step with a given draft length."""
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Optional
+
+import torch
+
+from ..attention.paged import AttentionMetadata
+
+DRAFT_COST_GUESS = 0.1  # draft step / target step, for decisions that must not depend on live timings
+# Drafting must yield this much more than plain steps. Break-even drafting is not neutral: it speeds the
+# sequences whose drafts are accepted and slows the rest with longer steps, so the sequences that finish
+# first (most of the mean per-token latency) lose: batch 8 on the 2-core CPU, where drafting breaks even
+# on throughput (bench/results/spec-cpu-20261123-153840.md against the runs before it).
+DRAFTING_MARGIN = 1.05
+
+
+class CostModel:
+    """Seconds per step as a function of the number of target rows (the whole step after drafting:
+    target pass, verification, bookkeeping; measured while serving, seeded by a calibration of bare
+    target passes plus the measured difference), seconds per draft step by batch size, and acceptance.
+    Predicts the tokens per second of a step with a given draft length."""
+
+    def __init__(self, ema: float = 0.3, prior_alpha: Optional[float] = None):
+        self.target: dict[int, float] = {}  # measured whole-step seconds by rows
+        self.calibrated: dict[int, float] = {}  # bare target pass seconds by rows
+        self.draft: dict[int, float] = {}
+        self.scale: dict[int, float] = {}  # whole step over the bare pass, by sequences in the step
+        self.ema = ema
+        self.alpha_num, self.alpha_den = 0.0, 0.0  # decayed counts of accepted and (accepted + rejections)
+        if prior_alpha is not None:  # a weak prior worth 2 pseudo-tokens
+            self.alpha_num, self.alpha_den = 2 * prior_alpha, 2.0
+        # What drafting steps actually yielded, by batch size: [tokens emitted per sequence, seconds of
+        # drafting, seconds of the step after drafting], averaged over steps.
+        self.yields: dict[int, list[float]] = {}
+        self.plain: dict[int, float] = {}  # measured seconds of steps without drafts, by batch size
+
+    def record_target(self, rows: int, seconds: float, batch: Optional[int] = None) -> None:
+        if batch is not None and rows == batch:  # one row per sequence: a plain decoding step
+            old = self.plain.get(batch)
+            self.plain[batch] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+        old = self.target.get(rows)
+        self.target[rows] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+        if batch is not None and self.calibrated and rows <= max(self.calibrated):  # not prefill-sized steps
+            # Whole steps of `batch` sequences against the bare passes over their rows: this covers
+            # what grows with the sequences (sampling, bookkeeping, attention over more of them) and,
+            # above all, the machine running faster or slower than at calibration (a shared VM
+            # drifts by tens of percent), which would otherwise skew the curve's slope against its level.
+            ratio = seconds / self._interp(self.calibrated, rows)
+            old = self.scale.get(batch)
+            self.scale[batch] = ratio if old is None else (1 - self.ema) * old + self.ema * ratio
+
+    def record_calibration(self, rows: int, seconds: float) -> None:
+        """A bare pass over `rows` rows (record in increasing rows). A pass over more rows is never
+        cheaper: a measurement below the one before is noise, and would bend the curve."""
+        below = [self.calibrated[r] for r in self.calibrated if r < rows]
+        self.calibrated[rows] = max([seconds] + below)
+
+    def step_seconds(self, rows: int, batch: Optional[int] = None) -> Optional[float]:
+        """A whole step's seconds with `rows` target rows (over `batch` sequences, when known: then the
+        bare pass over the rows times what whole steps of that batch size measure against bare passes;
+        measured steps of one row count mix batch sizes, and a table of them fills in slowly)."""
+        curve = self.step_curve(rows, rows, batch)
+        return None if curve is None else curve[0]
+
+    def step_curve(self, lo: int, hi: int, batch: Optional[int] = None) -> Optional[list[float]]:
+        """step_seconds(rows, batch) for rows = lo .. hi, in one go (the draft selection scans it every step)."""
+        if not self.target and not self.calibrated:
+            return None
+        scale, extra, measured = 1.0, 0.0, self.target
+        if batch is not None and batch in self.scale:
+            scale, measured = self.scale[batch], {}
+        else:
+            # Without steps of this batch size: measured steps by rows, else the bare pass plus what
+            # steps measured so far cost beyond their bare pass.
+            diffs = [self.target[r] - self.calibrated[r] for r in self.target if r in self.calibrated]
+            extra = sum(diffs) / len(diffs) if diffs else 0.0
+        if not self.calibrated:
+            return [self._interp(self.target, r) for r in range(lo, hi + 1)]
+        table, keys = self.calibrated, sorted(self.calibrated)
+        out = []
+        for rows in range(lo, hi + 1):
+            if rows in measured:
+                out.append(measured[rows])
+            elif _between_keys(keys, rows):
+                i = bisect.bisect_left(keys, rows)
+                a, b = keys[i - 1], keys[i]
+                out.append((table[a] + (table[b] - table[a]) * (rows - a) / (b - a)) * scale + extra)
+            else:
+                out.append(self._interp(table, rows) * scale + extra)
+        return out
+
+    def draft_step_seconds(self, batch: int) -> Optional[float]:
+        """Measured seconds of one steady draft step at this batch size (interpolated; None before any)."""
+        return self._interp(self.draft, batch)
+
+    def record_draft(self, batch: int, seconds_per_step: float) -> None:
+        old = self.draft.get(batch)
+        self.draft[batch] = seconds_per_step if old is None else (1 - self.ema) * old + self.ema * seconds_per_step
+
+    def record_acceptance(self, accepted: int, rejections: int, decay: float = 0.9) -> None:
+        self.alpha_num = decay * self.alpha_num + accepted
+        self.alpha_den = decay * self.alpha_den + accepted + rejections
+
+    @property
+    def alpha(self) -> Optional[float]:
+        return self.alpha_num / self.alpha_den if self.alpha_den > 0 else None
+
+    def record_yield(self, batch: int, tokens: int, draft_seconds: float, step_seconds: float,
+                     ema: float = 0.2) -> None:
+        """A drafting step over `batch` sequences emitted `tokens`; its drafting took draft_seconds and
+        the rest of the step (target pass, verification, bookkeeping) step_seconds."""
+        new = [tokens / batch, draft_seconds, step_seconds]
+        old = self.yields.get(batch)
+        self.yields[batch] = new if old is None else [(1 - ema) * o + ema * n for o, n in zip(old, new)]
+
+    def drafting_pays(self, batch: int, margin: float = DRAFTING_MARGIN) -> Optional[bool]:
+        """Whether drafting steps at this batch size emit more tokens per second than plain steps, by at
+        least `margin`, from what drafting steps yielded so far (None: none measured yet). Unlike a
+        prediction from the acceptance rate, this counts what the formula leaves out: drafts cut by the
+        selection (verified rows per sequence well below k), draft passes whose tokens all got cut."""
+        y = self.yields.get(batch)
+        t_plain = self.plain.get(batch) or self.step_seconds(batch, batch)
+        if y is None or t_plain is None:
+            return None
+        # Both sides as measured at this batch size: a verify step costs more than the cost curve says
+        # for its rows (verification, attention over several query rows per sequence, bookkeeping), and
+        # at batch 4 the curve's estimate had drafting win where it lost 7%.
+        tokens, t_draft, t_step = y
+        return tokens / (t_step + t_draft) > margin / t_plain
+
+    @staticmethod
+    def _interp(table: dict[int, float], x: int) -> Optional[float]:
+        if not table:
+            return None
+        if x in table:
+            return table[x]
+        keys = sorted(table)
+        lo = [k for k in keys if k < x]
+        hi = [k for k in keys if k > x]
+        if lo and hi:
+            a, b = lo[-1], hi[0]
+            return table[a] + (table[b] - table[a]) * (x - a) / (b - a)
+        if len(keys) == 1:  # one point: scale with the rows above it (pessimistic), flat below
+            return table[keys[0]] * max(1.0, x / keys[0])
+        a, b = (keys[-2], keys[-1]) if lo else (keys[0], keys[1])
+        slope = (table[b] - table[a]) / (b - a)
+        return max(table[a] + slope * (x - a), 1e-6)
+
+    def tokens_per_second(self, batch: int, k: int, alpha: Optional[float] = None,
+                          calibrated_only: bool = False) -> Optional[float]:
+        """Predicted emitted tokens per second of a step with drafts of length k (k = 0: plain decoding).
+        calibrated_only: use only the startup calibration (fixed for the engine's life) and a draft step
+        of DRAFT_COST_GUESS target passes, so the answer does not move with the machine's timings."""
+        if calibrated_only:
+            if not self.calibrated:
+                return None
+            t_target = self._interp(self.calibrated, batch * (k + 1))
+            t_draft = DRAFT_COST_GUESS * self._interp(self.calibrated, 1)
+        else:
+            t_target, t_draft = self.step_seconds(batch * (k + 1)), self.draft_step_seconds(batch)
+            alpha = self.alpha if alpha is None else alpha
+        if t_target is None:
+            return None
+        if k == 0:
+            return batch / t_target
+        if alpha is None or t_draft is None:
+            return None
+        alpha = min(alpha, 0.999)
+        expected = (1 - alpha ** (k + 1)) / (1 - alpha)  # Leviathan et al.: tokens per step per sequence
+        return batch * expected / (t_target + k * t_draft)
+
+    def break_even_confidence(self, batch: int) -> Optional[float]:
+        """The acceptance probability at which one more draft token per sequence pays for itself: its
+        share of a verify row plus a draft step, over the time per token of plain decoding
+        (about 0.4 at batch 1 and 0.7 at batch 8 on the 2-core CPU of bench/results/spec-cpu-20261123-171653.md)."""
+        t_plain, t_more = self.step_seconds(batch, batch), self.step_seconds(2 * batch, batch)
+        if t_plain is None or t_more is None:
+            return None
+        t_draft = self.draft_step_seconds(batch)
+        if t_draft is None:  # before the first draft step is timed
+            t_draft = DRAFT_COST_GUESS * self.step_seconds(1)
+        t_row = max(0.0, t_more - t_plain) / batch
+        return min(1.0, (batch * t_row + t_draft) / t_plain)
+
+    def best_len(self, batch: int, k: int, margin: float = 1.05, **kw) -> Optional[int]:
+        """The draft length <= k with the most predicted tokens per second (None: not measured yet).
+        Drafting must beat plain decoding by `margin`: a bet predicted to break even loses on average
+        (the prediction leaves out probes and catch-up work)."""
+        rates = [self.tokens_per_second(batch, j, **kw) for j in range(k + 1)]
+        if any(r is None for r in rates):
+            return None
+        best = max(range(k + 1), key=lambda j: (rates[j], -j))
+        return best if rates[best] > margin * rates[0] else 0
+
+
+
+def _between_keys(keys: list[int], x: int) -> bool:
+    """Whether x lies strictly between the first and the last of the sorted keys."""
+    return len(keys) >= 2 and keys[0] < x < keys[-1]
+
+
+def calibrate(costs: CostModel, model, kv, blocks, attention: str, max_rows: int, context: int = 128,
+              rows=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)) -> None:
+    """Time bare target passes over 1..64 rows once, so the cost model starts from measured numbers
+    (it keeps measuring while serving). model: the target; kv: its KVCache; blocks: its BlockManager
+    (a scratch table is taken and given back); max_rows: the scheduler's token budget."""
+    rows = [n for n in rows if n <= max_rows]
+    table: list[int] = []
+    if not rows or not blocks.can_allocate(table, context + max(rows)):
+        return
+    blocks.allocate(table, context + max(rows))
+    dev = model.device
+    try:
+        for n in [1] + rows:  # the first pass warms up
+            meta = AttentionMetadata.build([n], [context + n], [table], kv.block_size, dev, mode=attention)
+            ids = torch.zeros(n, dtype=torch.long, device=dev)
+            pos = torch.arange(context, context + n, device=dev)
+            best = float("inf")
+            for _ in range(3):  # the fastest of three: a one-off stall would bend the whole curve
+                t0 = time.perf_counter()
+                logits = model.forward(ids, pos, meta, kv.k, kv.v, torch.arange(n, device=dev))
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - t0)
+                del logits
+            costs.record_calibration(n, best)
+    finally:
+        blocks.free(table)

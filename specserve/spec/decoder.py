@@ -1,0 +1,283 @@
+"""Speculative decoding inside the step loop: draft before scheduling, verify after the target pass.
+
+Each step, for the requests that are decoding:
+  1. the draft-length policy says how far to draft; the cost model (what drafting steps of this batch
+     size yielded per second, tokens over their measured step and draft-model time, against what plain
+     steps of the batch size measure) says whether drafting pays, and when it does not the step is a plain
+     decoding step that verifies only free drafts (prompt lookups), with a drafting step now and then
+     to measure again;
+  2. the drafter proposes; `select_drafts` keeps, for the whole batch, the draft tokens whose chance of
+     acceptance (their calibrated confidence) beats what their rows cost on the step-time curve; they
+     become `request.draft` (the one place a draft lives), which the scheduler counts as more tokens
+     to compute;
+  3. after the target pass, `verify` turns each request's 1 + k logits rows into accepted tokens plus
+     one more (modified rejection sampling, or prefix match for greedy) and consumes the draft; the
+     engine asks `Scheduler.rollback` to forget the rejected rows and the drafter to `observe`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ..drafters.base import Drafter, Proposal
+from ..sampling.rejection import rejection_sample, verify_greedy
+from ..sampling.sampler import warp_logits
+from ..types import Draft, Request, RequestStatus
+from .cost_model import DRAFT_COST_GUESS, CostModel
+from .policies import DraftLengthPolicy
+from .selection import select_drafts
+from .stats import SpecStats
+
+
+@dataclass(frozen=True)
+class Verified:
+    """One request's verify span, verified."""
+
+    num_drafted: int
+    num_accepted: int
+    tokens: list[int]  # to emit: the accepted drafts, then one token from the target
+
+    @property
+    def num_rejected(self) -> int:
+        return self.num_drafted - self.num_accepted
+
+
+@dataclass
+class DraftingStep:
+    """The shared (unseeded) batch's drafting this step, for CostModel.record_yield after the step."""
+
+    batch: int
+    tokens: int  # emitted: one per sequence, plus accepted drafts (added by verify)
+    draft_seconds: float = 0.0
+    probe: bool = False  # the first drafting step after plain ones
+
+
+class SpeculativeDecoder:
+    def __init__(self, drafter: Drafter, make_policy: Callable[[], DraftLengthPolicy], fallback: bool = True,
+                 retry_every: int = 4, retry_max: int = 16, prior_alpha: float = 0.5):
+        self.drafter, self.make_policy, self.fallback = drafter, make_policy, fallback
+        self.policy = make_policy()  # shared by the batch, as BASS adapts one length for all
+        # A seeded sampled request gets a policy of its own, and its fallback looks only at its own
+        # acceptance and the start-up calibration: its draft lengths, and so its random draws, then
+        # depend on its own tokens (not on the batch or on live timings), and the seed reproduces it.
+        self.own_policies: dict[str, DraftLengthPolicy] = {}
+        # A weak prior so the first steps already weigh drafting against plain decoding.
+        self.costs = CostModel(prior_alpha=prior_alpha)
+        self.stats = SpecStats()
+        # After retry plain steps in a row, one drafting step measures again whether drafting pays;
+        # retry starts at retry_every and doubles (up to retry_max) while those probes find it does not
+        # (so at worst one losing drafting step every retry_max steps: a few percent of a run at most).
+        self.retry_every, self.retry_max = retry_every, retry_max
+        self._retry = retry_every
+        self._probed = False
+        self._since_spec = 0
+        self._step: Optional[DraftingStep] = None  # this step's shared drafting, until record_step
+
+    @staticmethod
+    def _seeded(r: Request) -> bool:
+        return r.seed is not None and not r.params.greedy
+
+    def reset_stats(self) -> None:
+        self.stats = SpecStats()
+
+    # --- before scheduling ----------------------------------------------------------------------
+    def propose(self, running: list[Request]) -> None:
+        """Set `request.draft` for the running requests that decode this step and should draft."""
+        decoding = [r for r in running if r.status == RequestStatus.RUNNING and r.num_tokens - r.num_computed_tokens == 1]
+        shared = [r for r in decoding if not self._seeded(r)]
+        # Seeded requests with the same length (and threshold) draft together: one draft pass each
+        # step for the lot, not one per request (a request's draws come from its own generator).
+        same_len: dict[tuple, list[Request]] = {}
+        for r in decoding:
+            if self._seeded(r):
+                policy = self.own_policies.setdefault(r.request_id, self.make_policy())
+                k = policy.draft_len()
+                if self.fallback:  # from the request's own acceptance and the fixed calibration only
+                    k = self.costs.best_len(len(decoding), k, alpha=_own_alpha(r), calibrated_only=True)
+                    k = policy.draft_len() if k is None else k
+                if k:
+                    same_len.setdefault((k, policy.min_confidence), []).append(r)
+        for (k, min_confidence), group in same_len.items():
+            self._draft(group, k, min_confidence)
+        if not shared:
+            return
+        k = self.policy.draft_len()
+        batch = len(shared)
+        if self.fallback and self._since_spec < self._retry:
+            # Draft when drafting steps at this batch size have been paying; before any has been
+            # measured, when the acceptance rate predicts it pays. After a run of plain steps, one
+            # drafting step to measure again (conditions change along a sequence).
+            pays = self.costs.drafting_pays(batch)
+            if pays is None:
+                best = self.costs.best_len(batch, k)
+                k = k if best is None else best
+            elif not pays:
+                k = 0
+            if self._probed:
+                self._retry = self.retry_every if k else min(2 * self._retry, self.retry_max)
+                self._probed = False
+            if k == 0:
+                self.stats.fallback_steps += 1
+                self._since_spec += 1
+                # Free drafts (lookups) are still verified where they pay.
+                free = self.drafter.propose_free(shared, self.policy.draft_len())
+                if free is not None:
+                    self._use(shared, self._select(free.drafts))
+                return
+        else:
+            self._probed = self.fallback and self._since_spec > 0
+        self._since_spec = 0
+        # Drafting stops where a token is unlikely enough not to pay for its verify row and draft step
+        # at the rate a batch's second row costs; `_select` then cuts along the measured cost curve.
+        gate = self.costs.break_even_confidence(batch) if self.fallback else None
+        floors = [c for c in (self.policy.min_confidence, gate) if c is not None]
+        self._step = DraftingStep(batch, batch, probe=self._probed)
+        self._draft(shared, k, max(floors) if floors else None, select=self.fallback)
+
+    def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float], select: bool = False) -> None:
+        t0 = time.perf_counter()
+        proposal: Proposal = self.drafter.propose(requests, k, min_confidence)
+        seconds = time.perf_counter() - t0
+        # Draft-model passes only: a step whose drafts all came from lookups ran none, and timing it as
+        # draft steps would drag the per-step estimate (and so every drafting decision) towards zero.
+        passes, model_batch = proposal.model_passes, proposal.model_batch
+        # Time drafting only in steady state: after a prompt, plain steps or a probe the drafter first
+        # catches up on every token it missed, a one-off that is not what a draft step costs.
+        steady = proposal.catchup_rows <= model_batch * (k + 1)
+        if passes and steady:
+            self.costs.record_draft(model_batch, seconds / passes)
+        if proposal.longest:
+            self.stats.draft_seconds += seconds
+            if self._step is not None:
+                # A steady drafting step's cost (the first draft after a prompt catches up on all of
+                # it once, which says nothing about the steps to come); lookups cost what they took.
+                if passes:
+                    t = self.costs.draft_step_seconds(model_batch)
+                    self._step.draft_seconds = passes * (t if t is not None else DRAFT_COST_GUESS * self.costs.step_seconds(1))
+                else:
+                    self._step.draft_seconds = seconds
+        self._use(requests, self._select(proposal.drafts) if select else proposal.drafts)
+
+    @staticmethod
+    def _use(requests: list[Request], drafts: list[Draft]) -> None:
+        for r, d in zip(requests, drafts):
+            if d.tokens:
+                r.draft = d
+
+    def _select(self, drafts: list[Draft]) -> list[Draft]:
+        if not any(d.tokens for d in drafts):
+            return drafts
+        batch = len(drafts)
+        curve = self.costs.step_curve(batch, batch + sum(len(d.tokens) for d in drafts), batch)
+        if curve is None or any(t is None for t in curve):
+            return drafts
+        return select_drafts(drafts, curve)
+
+    # --- after the target pass ------------------------------------------------------------------
+    def verify(self, requests: list[Request], logits: list[torch.Tensor], generators: list) -> list[Verified]:
+        """requests with drafts; logits[i] [1 + k_i, vocab] for request i (its StepOutput rows). Consumes
+        each request's draft; returns, per request, the accepted drafts plus one token from the target."""
+        drafts = [r.draft for r in requests]
+        emitted: list[list[int]] = [[] for _ in requests]
+        accepted = [0] * len(requests)
+        greedy = [i for i, r in enumerate(requests) if r.params.greedy]
+        sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
+        if greedy:
+            for i, (a, nxt) in zip(greedy, verify_greedy([logits[i] for i in greedy], [drafts[i].tokens for i in greedy])):
+                accepted[i] = a
+                emitted[i] = drafts[i].tokens[:a] + [nxt]
+        if sampled:
+            K = max(len(drafts[i].tokens) for i in sampled)
+            V = logits[sampled[0]].shape[-1]
+            dev = logits[sampled[0]].device
+            num = torch.tensor([len(drafts[i].tokens) for i in sampled], device=dev)
+            tokens = torch.zeros(len(sampled), K, dtype=torch.long, device=dev)
+            for row, i in enumerate(sampled):
+                tokens[row, :len(drafts[i].tokens)] = torch.tensor(drafts[i].tokens, device=dev)
+            p = torch.zeros(len(sampled), K + 1, V, device=dev)
+            draft_probs = [drafts[i].probs for i in sampled]
+            # None: a deterministic draft, q = one-hot (all None: rejection_sample takes q = None)
+            q = None if all(d is None for d in draft_probs) else torch.zeros(len(sampled), K, V, device=dev)
+            for row, i in enumerate(sampled):
+                p[row, :len(logits[i])] = warp_logits(logits[i], requests[i].params)
+                if q is not None and draft_probs[row] is not None:
+                    q[row, :len(draft_probs[row])] = draft_probs[row]
+                elif q is not None:
+                    n = len(drafts[i].tokens)
+                    q[row, torch.arange(n, device=dev), tokens[row, :n]] = 1.0
+            n_acc, nxt = rejection_sample(p, q, tokens, num, [generators[i] for i in sampled])
+            for row, i in enumerate(sampled):
+                a = int(n_acc[row])
+                accepted[i] = a
+                emitted[i] = drafts[i].tokens[:a] + [int(nxt[row])]
+        drafted = [len(d.tokens) for d in drafts]
+        confidences = [d.confidence for d in drafts]
+        for r in requests:
+            r.draft = None
+        rejections = sum(a < n for a, n in zip(accepted, drafted))
+        shared = [i for i, r in enumerate(requests) if not self._seeded(r)]
+        if self._step is not None:
+            self._step.tokens += sum(accepted[i] for i in shared)
+        if shared:
+            self.policy.update([drafted[i] for i in shared], [accepted[i] for i in shared], [confidences[i] for i in shared])
+        for i, r in enumerate(requests):
+            if self._seeded(r):
+                self.own_policies[r.request_id].update([drafted[i]], [accepted[i]], [confidences[i]])
+        self.costs.record_acceptance(sum(accepted), rejections)
+        s = self.stats
+        s.spec_steps += 1
+        s.drafted += sum(drafted)
+        s.accepted += sum(accepted)
+        s.rejections += rejections
+        for r, a, n in zip(requests, accepted, drafted):
+            r.spec_drafted.append(n)
+            r.spec_accepted.append(a)
+        return [Verified(n, a, e) for n, a, e in zip(drafted, accepted, emitted)]
+
+    def observe(self, request: Request, start: int, hidden: Optional[torch.Tensor], num_accepted: int) -> None:
+        """The target computed rows for request from position start; hidden [valid rows, hidden] (for
+        drafters that want it) of the rows that stayed valid."""
+        self.drafter.observe(request, start, hidden, num_accepted)
+
+    def fork(self, parent: Request, child: Request) -> None:
+        self.drafter.fork(parent, child)
+
+    def record_step(self, rows: int, seconds: float, target_seconds: float, batch: int, decode_seqs: int,
+                    decode_tokens: int) -> None:
+        """A step's target rows, its seconds after drafting, the target pass's share of them, the
+        number of sequences it computed, and of those the decoding ones and the tokens they emitted."""
+        self.costs.record_target(rows, seconds, batch)
+        if self._step is not None:
+            # A probe (the first drafting step after plain ones) weighs more: while drafting is off,
+            # probes are the only news of a sequence turning predictable again.
+            st = self._step
+            self.costs.record_yield(st.batch, st.tokens, st.draft_seconds, step_seconds=seconds,
+                                    ema=0.5 if st.probe else 0.2)
+            self._step = None
+        s = self.stats
+        s.target_steps += 1
+        s.target_seconds += target_seconds
+        s.decode_seq_steps += decode_seqs
+        s.decode_tokens += decode_tokens
+
+    def release(self, request: Request) -> None:
+        request.draft = None
+        self.own_policies.pop(request.request_id, None)
+        self.drafter.release(request)
+
+    @property
+    def c(self) -> Optional[float]:
+        """Draft step time / target step time at batch 1 (Leviathan's c), from the measurements."""
+        t_draft = self.costs.draft_step_seconds(1)
+        t_target = self.costs.step_seconds(1)
+        return t_draft / t_target if t_draft and t_target else None
+
+
+def _own_alpha(r: Request) -> Optional[float]:
+    """A request's own acceptance estimate from its verify steps (None before the first)."""
+    accepted = sum(r.spec_accepted)
+    rejections = sum(a < n for a, n in zip(r.spec_accepted, r.spec_drafted))
+    return accepted / (accepted + rejections) if accepted + rejections else None

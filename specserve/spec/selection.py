@@ -1,0 +1,37 @@
+"""Which draft tokens a step verifies: a budget for the whole batch along the measured step-time curve."""
+from __future__ import annotations
+
+from ..types import Draft
+
+
+def select_drafts(drafts: list[Draft], curve: list[float]) -> list[Draft]:
+    """Which draft tokens to verify. A token is accepted with about its cumulative confidence (the
+    drafters' confidences are calibrated), and curve[n] is the measured time of a step with n draft
+    rows on top of one row per sequence. A token is worth its row when its chance of acceptance beats
+    the tokens that row's time would give plain decoding (curve[0] / batch seconds per token): taking
+    tokens by falling cumulative confidence (a sequence's tokens in order), keep the count with the
+    most expected tokens beyond that cost. Time already spent drafting is sunk and changes nothing here.
+    On a CPU the curve is not a line (kernel builds change with the rows: AVX up to 8, AMX past that,
+    dense products past the block kernel's limit in models.layers), so this is a budget for the whole
+    batch rather than a per-token threshold. It looks at draft-side
+    information only, so verification stays exact."""
+    batch = len(drafts)
+    candidates = []  # (cumulative confidence, position in its draft, sequence)
+    for i, d in enumerate(drafts):
+        cum = 1.0
+        for j, c in enumerate(d.confidence):
+            cum *= c
+            candidates.append((cum, j, i))
+    candidates.sort(key=lambda t: (-t[0], t[1]))
+    plain_rate = batch / curve[0]  # tokens per second without drafts
+    best_n, best_surplus, expected = 0, 0.0, 0.0
+    for n, t in enumerate(curve[1:len(candidates) + 1], start=1):
+        expected += candidates[n - 1][0]
+        surplus = expected - plain_rate * (t - curve[0])
+        if surplus > best_surplus:
+            best_n, best_surplus = n, surplus
+    keep = [0] * batch
+    for _, j, i in candidates[:best_n]:
+        keep[i] = max(keep[i], j + 1)
+    return [d.truncated(n) for d, n in zip(drafts, keep)]
+
