@@ -1,6 +1,7 @@
 """Engine configuration as dataclasses; the CLI's flags map onto these one to one. Stdlib only."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -35,12 +36,31 @@ class CacheConfig:
     kv_cache_gib: float = 1.0  # memory for the paged KV cache
     num_blocks: Optional[int] = None  # overrides kv_cache_gib when set
 
+    def __post_init__(self):
+        _check_int("block_size", self.block_size, 1)
+        if isinstance(self.kv_cache_gib, bool) or not isinstance(self.kv_cache_gib, (int, float)) \
+                or not math.isfinite(self.kv_cache_gib) or self.kv_cache_gib <= 0:
+            raise ValueError(f"kv_cache_gib must be a finite number of GiB > 0, got {self.kv_cache_gib!r}")
+        if self.num_blocks is not None:
+            _check_int("num_blocks", self.num_blocks, 1)
+
 
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int = 64  # sequences decoded together
     max_num_batched_tokens: int = 2048  # tokens per forward pass (prefill chunks + decodes)
-    max_model_len: Optional[int] = None  # None: the model's context length
+    max_model_len: Optional[int] = None  # None: the model's context length (it cannot exceed it)
+
+    def __post_init__(self):
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.max_model_len is not None:
+            _check_int("max_model_len", self.max_model_len, 2)
+
+
+def _check_int(name: str, value, lowest: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+        raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
 
 
 @dataclass

@@ -5,12 +5,25 @@ Plain Python (no torch), so the scheduler and block manager that use it unit-tes
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 if TYPE_CHECKING:
     import torch
+
+
+MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; beyond, Python ints overflow them
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclass
@@ -32,21 +45,34 @@ class SamplingParams:
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.stop is not None and not isinstance(self.stop, (list, tuple)):
+            raise ValueError(f"stop must be a string or a list of strings, got {type(self.stop).__name__}")
         self.stop = list(self.stop or [])
+        if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
+            raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
         self.stop_token_ids = list(self.stop_token_ids)
         self.validate()
 
     def validate(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is None or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or >= 0, got {self.top_k}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens}")
+        """One-line ValueErrors for values vLLM would refuse (and some it would take silently wrong)."""
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be an integer: -1 or 0 (off) or >= 1, got {self.top_k!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED - (self.n - 1)):
+            raise ValueError(f"seed must be an integer in [0, {MAX_SEED - (self.n - 1)}] (sample i uses seed + i), got {self.seed!r}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if not isinstance(self.logprobs, bool):
+            raise ValueError(f"logprobs must be True or False (the chosen tokens' log-probabilities), got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:
@@ -63,6 +89,7 @@ class RequestStatus(enum.Enum):
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # LLMEngine.abort: the caller gave up on it (an exception, Ctrl-C, a client gone)
 
 
 @dataclass

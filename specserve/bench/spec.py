@@ -180,7 +180,8 @@ def run_spec_bench(args) -> dict:
     problems = humaneval_problems()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     settings = args.settings.split(",")
-    common = dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads, max_num_seqs=max(batch_sizes))
+    common = dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+                  kv_cache_gib=args.kv_cache_gib, max_num_seqs=max(batch_sizes))
     rd = LLM(**common)
     spec_cfg = {"method": args.speculative, "policy": args.policy, "attention": args.attention, "draft_len": args.draft_len}
     if args.draft_model:

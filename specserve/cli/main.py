@@ -5,24 +5,11 @@ import argparse
 import os
 import sys
 import time
+import warnings
 
 from ..config import DTYPES
 from ..registry import ATTENTION, DRAFTERS, POLICIES
-
-
-def _checked(convert, ok, rule: str):
-    """An argparse type: convert, then reject values that break `rule` with one line."""
-    def parse(s: str):
-        v = convert(s)
-        if not ok(v):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {v}")
-        return v
-    return parse
-
-
-_positive_int = _checked(int, lambda v: v >= 1, ">= 1")
-_top_p = _checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
-_temperature = _checked(float, lambda v: v >= 0, ">= 0")
+from .args import positive_float, positive_int, temperature, top_p
 
 
 def _model_path(s: str) -> str:
@@ -41,7 +28,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=_model_path, default=None, help="a .gguf file or HF directory (default: embedded SmolLM2-135M)")
     p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--threads", type=_positive_int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--kv-cache-gib", type=positive_float, default=1.0,
+                   help="memory for the paged KV cache, allocated up front (default 1 GiB)")
 
 
 def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
@@ -67,15 +56,16 @@ def spec_from_args(args):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="specserve", description="Fast, lossless LLM inference.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and library warnings")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate text from a prompt, streaming it")
     g.add_argument("prompt")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
-    g.add_argument("-n", type=_positive_int, default=1, help="samples of the prompt (its KV is shared)")
-    g.add_argument("--max-tokens", type=_positive_int, default=128)
-    g.add_argument("--temperature", type=_temperature, default=0.0)
-    g.add_argument("--top-p", type=_top_p, default=1.0)
+    g.add_argument("-n", type=positive_int, default=1, help="samples of the prompt (its KV is shared)")
+    g.add_argument("--max-tokens", type=positive_int, default=128)
+    g.add_argument("--temperature", type=temperature, default=0.0)
+    g.add_argument("--top-p", type=top_p, default=1.0)
     g.add_argument("--top-k", type=int, default=-1)
     g.add_argument("--seed", type=int, default=None)
     add_model_args(g)
@@ -96,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks against HF transformers and llama.cpp")
     bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
     d = bsub.add_parser("decode", help="regular decoding: ms/token, TTFT, tokens/s vs peers")
-    d.add_argument("--prompts", type=_positive_int, default=3, help="HumanEval prompts for batch 1")
-    d.add_argument("--max-tokens", type=_positive_int, default=128)
+    d.add_argument("--prompts", type=positive_int, default=3, help="HumanEval prompts for batch 1")
+    d.add_argument("--max-tokens", type=positive_int, default=128)
     d.add_argument("--batch-sizes", default="1,2,4,8")
     d.add_argument("--peers", default="hf-fp32,hf-bf16,llama.cpp", help="comma list; missing ones are skipped")
     d.add_argument("--out", default="bench/results")
@@ -106,15 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp = bsub.add_parser("spec", help="speculative vs regular decoding: the BASS tables, ablations, Pass@1, peers")
     sp.add_argument("--batch-sizes", default="1,2,4,8,16")
     sp.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (T=0.2, top-p 0.95)")
-    sp.add_argument("--sequences", type=_positive_int, default=64, help="sequences per batch size (batches of that size)")
-    sp.add_argument("--min-rounds", type=_positive_int, default=8,
+    sp.add_argument("--sequences", type=positive_int, default=64, help="sequences per batch size (batches of that size)")
+    sp.add_argument("--min-rounds", type=positive_int, default=8,
                     help="at least this many batches per batch size (one batch's speedup moves by ~10%% with the VM)")
-    sp.add_argument("--max-tokens", type=_positive_int, default=128)
-    sp.add_argument("--ablation-batch", type=_positive_int, default=4)
+    sp.add_argument("--max-tokens", type=positive_int, default=128)
+    sp.add_argument("--ablation-batch", type=positive_int, default=4)
     sp.add_argument("--ablations", action=argparse.BooleanOptionalAction, default=True, help="PAD/SPLIT and policies")
     sp.add_argument("--pass-at-1", action=argparse.BooleanOptionalAction, default=True, help="all 164 problems, RD and spec")
     sp.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="HF transformers, llama.cpp")
-    sp.add_argument("--peer-prompts", type=_positive_int, default=3)
+    sp.add_argument("--peer-prompts", type=positive_int, default=3)
     sp.add_argument("--out", default="bench/results")
     add_model_args(sp)
     add_spec_args(sp, default="draft")
@@ -128,7 +118,7 @@ def cmd_generate(args) -> int:
     params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed)
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-              speculative=spec_from_args(args))
+              kv_cache_gib=args.kv_cache_gib, speculative=spec_from_args(args))
     pieces: dict[int, list[str]] = {}
 
     def on_text(_, sample, delta, finished):
@@ -164,37 +154,57 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _run(args) -> int:
+    if args.command == "generate":
+        return cmd_generate(args)
+    if args.command == "plan":
+        from .plan import cmd_plan
+        return cmd_plan(args)
+    if args.command == "profile":
+        from .replay import cmd_profile
+        return cmd_profile(args)
+    if args.command == "train-draft":
+        from .train_draft import cmd_train_draft
+        return cmd_train_draft(args)
+    if args.command == "bench" and args.bench == "spec":
+        from ..bench.spec import run_spec_bench
+        if args.speculative == "none":
+            raise ValueError("bench spec compares speculative decoding with regular decoding; "
+                             f"pick --speculative {'|'.join(DRAFTERS.names())}")
+        run_spec_bench(args)
+        return 0
+    if args.command == "bench" and args.bench == "decode":
+        from ..bench.decode import run_decode_bench
+        run_decode_bench(args)
+        return 0
+    return 2
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    """Exit codes: 0 done, 2 a user-caused error (one line), 1 anything unexpected (one line; --debug
+    shows the traceback), 130 Ctrl-C (quietly, at any moment)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]  # taken anywhere on the line
     try:
-        if args.command == "generate":
-            return cmd_generate(args)
-        if args.command == "plan":
-            from .plan import cmd_plan
-            return cmd_plan(args)
-        if args.command == "profile":
-            from .replay import cmd_profile
-            return cmd_profile(args)
-        if args.command == "train-draft":
-            from .train_draft import cmd_train_draft
-            return cmd_train_draft(args)
-        if args.command == "bench" and args.bench == "spec":
-            from ..bench.spec import run_spec_bench
-            if args.speculative == "none":
-                raise ValueError("bench spec compares speculative decoding with regular decoding; "
-                                 f"pick --speculative {'|'.join(DRAFTERS.names())}")
-            run_spec_bench(args)
-            return 0
-        if args.command == "bench" and args.bench == "decode":
-            from ..bench.decode import run_decode_bench
-            run_decode_bench(args)
-            return 0
-    except (ValueError, FileNotFoundError) as e:
-        print(f"specserve: error: {e}", file=sys.stderr)
-        return 2
+        if not debug:  # libraries' warnings are for developers, not for the person at the terminal
+            warnings.filterwarnings("ignore")
+        args = build_parser().parse_args(argv)
+        return _run(args)
     except KeyboardInterrupt:
         return 130
-    return 2
+    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        if debug:
+            raise
+        print(f"specserve: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        if debug:
+            raise
+        msg = str(e).splitlines()[0][:300] if str(e) else ""
+        print(f"specserve: unexpected error: {type(e).__name__}: {msg} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

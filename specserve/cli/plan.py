@@ -17,11 +17,12 @@ from ..planner.placement import to_sim_groups
 from ..planner.search import POLICIES, SearchConfig, plan
 from ..planner.simulator import simulate
 from ..planner.workload import parse_workload
+from .args import positive_float, positive_int
 
 
 def _search_args(p) -> None:
     d = SearchConfig()
-    p.add_argument("--beam", type=int, default=d.beam, help="partial placements kept per greedy step")
+    p.add_argument("--beam", type=positive_int, default=d.beam, help="partial placements kept per greedy step")
     p.add_argument("--model-candidates", type=int, default=d.model_candidates,
                    help="models tried per greedy step, most SLO misses first (0: all)")
     p.add_argument("--group-candidates", type=int, default=d.group_candidates,
@@ -39,9 +40,9 @@ def add_plan_args(p) -> None:
     p.add_argument("--models", default="S2", help="S1-S4, S3-fit, or NAME:COUNT[,NAME:COUNT...]")
     p.add_argument("--workload", default="gamma:rate=20,cv=4",
                    help="gamma:rate=R,cv=C | poisson:rate=R | trace:PATH (CSV)")
-    p.add_argument("--duration", type=float, default=600.0, help="seconds of arrivals to simulate")
+    p.add_argument("--duration", type=positive_float, default=600.0, help="seconds of arrivals to simulate")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slo-scale", type=float, default=5.0, help="SLO = scale x the model's single-device latency")
+    p.add_argument("--slo-scale", type=positive_float, default=5.0, help="SLO = scale x the model's single-device latency")
     p.add_argument("--policy", default="alpaserve", choices=list(POLICIES))
     p.add_argument("--profile", default=None, help="measured cost model from `specserve profile` (else analytic)")
     p.add_argument("--json", default=None, help="write the placement and its metrics here")
@@ -52,9 +53,9 @@ def add_plan_args(p) -> None:
     s.add_argument("--models", default="S1,S2,S3-fit", help="comma list of model sets")
     s.add_argument("--cluster", default="8x8:16GB")
     s.add_argument("--axes", default="rate,cv,slo_scale,num_devices")
-    s.add_argument("--cv", type=float, default=2.0, help="CV of the base point")
-    s.add_argument("--slo-scale", type=float, default=5.0, help="SLO scale of the base point")
-    s.add_argument("--requests", type=int, default=8000, help="requests per simulated point")
+    s.add_argument("--cv", type=positive_float, default=2.0, help="CV of the base point")
+    s.add_argument("--slo-scale", type=positive_float, default=5.0, help="SLO scale of the base point")
+    s.add_argument("--requests", type=positive_int, default=8000, help="requests per simulated point")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", default="bench/results/plan")
     _search_args(s)

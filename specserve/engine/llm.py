@@ -1,6 +1,7 @@
 """The public API, in the style of vLLM: LLM(...).generate(prompts, SamplingParams(...))."""
 from __future__ import annotations
 
+import threading
 from typing import Callable, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
@@ -40,10 +41,22 @@ class LLM:
         )
         self.engine = LLMEngine(self.config)
         self.tokenizer = self.engine.tokenizer
+        self._lock = threading.Lock()
+        self._owner: Optional[int] = None  # the thread inside generate
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]], params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = False, on_text: Optional[TextCallback] = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. A prompt is a string or a list of token ids."""
+        if self._owner == threading.get_ident():
+            raise RuntimeError("LLM.generate was called from inside its own on_text callback; call it after generate returns")
+        with self._lock:  # one call at a time from any number of threads: steps never interleave
+            self._owner = threading.get_ident()
+            try:
+                return self._generate(prompts, params, use_tqdm, on_text)
+            finally:
+                self._owner = None
+
+    def _generate(self, prompts, params, use_tqdm: bool, on_text: Optional[TextCallback]) -> list[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -51,23 +64,31 @@ class LLM:
         param_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(param_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(param_list)} SamplingParams")
-        groups: list[list[Request]] = []
-        texts: list[Optional[str]] = []
+        # Everything is checked before anything is queued: a bad prompt late in the list leaves no work behind.
+        ids_list, texts = [], []
         for prompt, p in zip(prompts, param_list):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            self.engine.check_request(ids, p)
+            ids_list.append(ids)
             texts.append(prompt if isinstance(prompt, str) else None)
-            groups.append(self.engine.add_request(ids, p))
-        where = {r.request_id: (gi, r.sample_index) for gi, g in enumerate(groups) for r in g}
-        total = sum(len(g) for g in groups)
-        bar = tqdm(total=total, desc="generate", disable=not use_tqdm, unit="seq")
-        while self.engine.has_unfinished():
-            for req, delta in self.engine.step():
-                if on_text is not None and (delta or req.is_finished):
-                    gi, si = where[req.request_id]
-                    on_text(gi, si, delta, req.is_finished)
-                if req.is_finished:
-                    bar.update(1)
-        bar.close()
+        groups: list[list[Request]] = []
+        bar = tqdm(total=sum(p.n for p in param_list), desc="generate", disable=not use_tqdm, unit="seq")
+        try:
+            for ids, p in zip(ids_list, param_list):
+                groups.append(self.engine.add_request(ids, p))
+            where = {r.request_id: (gi, r.sample_index) for gi, g in enumerate(groups) for r in g}
+            while self.engine.has_unfinished():
+                for req, delta in self.engine.step():
+                    if on_text is not None and (delta or req.is_finished):
+                        gi, si = where[req.request_id]
+                        on_text(gi, si, delta, req.is_finished)
+                    if req.is_finished:
+                        bar.update(1)
+        except BaseException:  # an error, Ctrl-C, a failing on_text: free exactly this call's requests
+            self.engine.abort([r.request_id for g in groups for r in g])
+            raise
+        finally:
+            bar.close()
         return [self._output(g, t) for g, t in zip(groups, texts)]
 
     def spec_stats(self) -> Optional[dict]:
@@ -78,8 +99,9 @@ class LLM:
         return None if spec is None else {**spec.stats.as_dict(), "c": spec.c}
 
     def reset_spec_stats(self) -> None:
-        if self.engine.speculator is not None:
-            self.engine.speculator.reset_stats()
+        with self._lock:
+            if self.engine.speculator is not None:
+                self.engine.speculator.reset_stats()
 
     def chat(self, messages: Union[list[dict], Sequence[list[dict]]], params: Optional[SamplingParams] = None,
              **kwargs) -> list[RequestOutput]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import numbers
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -27,6 +28,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 class _Live:
     """What the engine keeps per unfinished request besides the Request itself."""
 
+    request: Request
     generator: torch.Generator
     detok: IncrementalDetokenizer
 
@@ -46,6 +48,9 @@ class LLMEngine:
         t0 = time.perf_counter()
         self.model_path, self.arch, weights, self.tokenizer = load_model_files(mc.model, keep_quantized=mc.block_kernels)
         self.max_model_len = config.scheduler.max_model_len or self.arch.max_position_embeddings
+        if self.max_model_len > self.arch.max_position_embeddings:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's context "
+                             f"({self.arch.max_position_embeddings} tokens)")
         self.model = build_model(self.arch, weights, self.dtype, self.device, use_blocks=mc.block_kernels,
                                  max_len=self.max_model_len)
         del weights
@@ -79,19 +84,13 @@ class LLMEngine:
     # --- requests -----------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> list[Request]:
         """Queue one prompt; returns its n sample requests (the first is the leader that prefills)."""
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens; the model's context is {self.max_model_len}")
-        vocab = self.arch.vocab_size
-        if max(prompt_token_ids) >= vocab or min(prompt_token_ids) < 0:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        self.check_request(prompt_token_ids, params)
         group = str(next(self._ids))
         reqs = []
         for i in range(params.n):
             seed = None if params.seed is None else params.seed + i
             r = Request(f"{group}-{i}", list(prompt_token_ids), params, seed=seed, group_id=group, sample_index=i)
-            self._live[r.request_id] = _Live(make_generator(seed, self.device),
+            self._live[r.request_id] = _Live(r, make_generator(seed, self.device),
                                              IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens))
             reqs.append(r)
         self.scheduler.add(reqs[0])
@@ -102,12 +101,63 @@ class LLMEngine:
             self._siblings[reqs[0].request_id] = reqs[1:]
         return reqs
 
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError (one line) if the prompt cannot be served; queues nothing."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt_token_ids):
+            raise ValueError("prompt token ids must be integers")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens; the model's context is {self.max_model_len}")
+        vocab = self.arch.vocab_size
+        if max(prompt_token_ids) >= vocab or min(prompt_token_ids) < 0:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        # Admission: one sample's whole sequence (prompt + max_tokens, capped at the context) must fit in
+        # the cache, or it would fail midway with its output lost.
+        bm = self.scheduler.blocks
+        need = min(len(prompt_token_ids) + params.max_tokens, self.max_model_len)
+        blocks = -(-need // bm.block_size)
+        if blocks > bm.num_blocks:
+            raise ValueError(f"a sequence of {need} tokens (prompt {len(prompt_token_ids)} + max_tokens "
+                             f"{params.max_tokens}) needs {blocks} KV blocks but the cache has {bm.num_blocks}; "
+                             f"raise kv_cache_gib (now {self.config.cache.kv_cache_gib}) or lower max_tokens")
+
+    def abort(self, request_ids) -> None:
+        """Stop these requests wherever they are: free their KV blocks, drafter state, generators and
+        detokenizers; they produce nothing more (finish_reason "abort"). Unknown or finished ids are
+        ignored. A leader's samples still waiting for its prompt go with it."""
+        for rid in list(request_ids):
+            live = self._live.pop(rid, None)
+            if live is None:
+                continue
+            r = live.request
+            for sib in self._siblings.pop(rid, []):  # waiting for this leader's prompt KV: cannot start
+                self.abort([sib.request_id])
+            if r.status == RequestStatus.WAITING_FOR_FORK and r.leader is not None:
+                waiting = self._siblings.get(r.leader.request_id, [])
+                if r in waiting:
+                    waiting.remove(r)
+                if not waiting:
+                    self._siblings.pop(r.leader.request_id, None)
+                r.leader = None
+                r.status = RequestStatus.FINISHED
+            else:
+                self.scheduler.abort(r)
+            r.draft = None
+            if self.speculator is not None:
+                self.speculator.release(r)
+            r.finish_reason = FinishReason.ABORT
+        if self.speculator is not None and not self.has_unfinished():
+            self.speculator.abandon_step()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._siblings)
 
     # --- one step -----------------------------------------------------------------------------
     def step(self) -> list[tuple[Request, str]]:
-        """schedule -> propose -> execute -> verify / sample -> roll back -> append (docs/architecture.md).
+        """propose -> schedule -> execute -> verify / sample -> roll back -> append (docs/architecture.md).
         Returns (request, new text) for every request that got tokens."""
         spec = self.speculator
         if spec is not None:
@@ -119,7 +169,7 @@ class LLMEngine:
                 spec.release(r)
         if not plan.scheduled:
             return []
-        out = self.runner.execute(plan.scheduled, return_hidden=spec is not None and spec.drafter.wants_hidden_states)
+        out = self.runner.execute(plan.scheduled, return_hidden=spec is not None and spec.wants_hidden_states)
         if spec is not None and self.device.type == "cuda":
             torch.cuda.synchronize()
         now = time.perf_counter()

@@ -7,6 +7,9 @@ If the compiler or AVX2 is missing, `available()` is False and callers use dense
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import sys
 import warnings
@@ -26,12 +29,54 @@ def _cpu_has_avx2() -> bool:
         return False
 
 
-def _built() -> bool:
-    try:  # a private torch helper: if it moves, just skip the message
-        from torch.utils.cpp_extension import _get_build_directory
-        return os.path.exists(os.path.join(_get_build_directory("specserve_kernels", False), "specserve_kernels.so"))
-    except Exception:
-        return True
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+
+
+def build_directory() -> str:
+    """Where this checkout's kernels are built: keyed by the sources' contents, their directory, the
+    interpreter and torch, so two checkouts (or venvs) never rebuild over each other's objects, and
+    a source change gets a fresh directory. SPECSERVE_KERNEL_CACHE moves the root."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    # sys.prefix, not sys.executable: .venv/bin/python and .venv/bin/python3 are one interpreter
+    for part in (here, sys.prefix, sys.version, torch.__version__, " ".join(CFLAGS)):
+        h.update(part.encode() + b"\0")
+    for f in sorted(os.listdir(here)):
+        if f.endswith((".cpp", ".h")):
+            with open(os.path.join(here, f), "rb") as fh:
+                h.update(f.encode() + b"\0" + fh.read())
+    root = os.environ.get("SPECSERVE_KERNEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specserve", "kernels")
+    return os.path.join(root, h.hexdigest()[:16])
+
+
+@contextlib.contextmanager
+def _build_guard(build_dir: str):
+    """Hold an flock on build_dir for the build. The kernel releases it when its holder dies, so a
+    torch `lock` file found while holding it was left by a killed build (torch would wait on it
+    forever): remove it. While another live process builds, say so and wait."""
+    os.makedirs(build_dir, exist_ok=True)
+    with open(os.path.join(build_dir, "specserve.lock"), "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            who = f.read().strip() or "?"
+            print(f"specserve: waiting for another process (pid {who}) to finish building the CPU kernels in {build_dir}",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        stale = os.path.join(build_dir, "lock")
+        if os.path.exists(stale):
+            print(f"specserve: removing a stale kernel build lock left by an interrupted build ({stale})",
+                  file=sys.stderr, flush=True)
+            os.remove(stale)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _load():
@@ -43,14 +88,17 @@ def _load():
         return None
     try:
         from torch.utils.cpp_extension import load
-        here = os.path.dirname(__file__)
+        here = os.path.dirname(os.path.abspath(__file__))
         sources = [os.path.join(here, f) for f in SOURCES]
-        # Compiling takes ~1 minute the first time; later loads hit the build cache.
-        if not _built():
-            print("specserve: compiling the CPU kernels (first run only, about a minute)...", file=sys.stderr, flush=True)
-        _ext = load(name="specserve_kernels", sources=sources, extra_include_paths=[here], verbose=False,
-                    extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
-                    extra_ldflags=["-fopenmp"])
+        build_dir = build_directory()
+        with _build_guard(build_dir):
+            # Compiling takes a minute or more the first time; later loads find the objects built.
+            if not os.path.exists(os.path.join(build_dir, "specserve_kernels.so")):
+                print("specserve: compiling the CPU kernels (first run only, about a minute)...", file=sys.stderr, flush=True)
+            # The sources include their headers with quoted includes (found beside them), so no
+            # include path is passed: the build command stays the same for every checkout.
+            _ext = load(name="specserve_kernels", sources=sources, build_directory=build_dir, verbose=False,
+                        extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"])
     except Exception as e:  # no compiler, no ninja, ...: fall back to dense weights, loudly
         warnings.warn(f"specserve: block kernels unavailable ({str(e).splitlines()[0][:200]}); "
                       "using dense fp32 weights (slower, same results)", stacklevel=2)

@@ -9,9 +9,35 @@ namespace specserve {
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor q_starts, torch::Tensor q_lens,
                               torch::Tensor kv_lens, int64_t block_size, double scale) {
-  const int64_t H = q.size(1), D = q.size(2), Hkv = k_cache.size(1), B = q_lens.size(0);
-  const int64_t group = H / Hkv, max_blocks = block_tables.size(1), VD = D / 8;
+  // Every index the loops below follow is checked first: a bad table or length raises here instead
+  // of reading or writing outside the cache (O(sequences + blocks), nothing next to the attention).
+  TORCH_CHECK(q.dtype() == torch::kFloat32 && q.is_contiguous() && q.dim() == 3, "q must be contiguous f32 [T, H, D]");
+  TORCH_CHECK(k_cache.dtype() == torch::kFloat32 && v_cache.dtype() == torch::kFloat32 && k_cache.is_contiguous()
+              && v_cache.is_contiguous() && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(),
+              "k_cache/v_cache must be contiguous f32 [slots, Hkv, D] of one shape");
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_cache.size(1), B = q_lens.size(0);
   TORCH_CHECK(D % 8 == 0 && D <= 256, "head_dim must be a multiple of 8, at most 256");
+  TORCH_CHECK(k_cache.size(2) == D && Hkv > 0 && H % Hkv == 0, "cache heads/head_dim do not match q");
+  TORCH_CHECK(block_size > 0 && k_cache.size(0) % block_size == 0, "cache slots must be whole blocks");
+  for (const auto* t : {&block_tables, &q_starts, &q_lens, &kv_lens})
+    TORCH_CHECK(t->dtype() == torch::kInt64 && t->is_contiguous() && t->device().is_cpu(), "paged_attention: index tensors must be int64 CPU");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && q_starts.numel() == B && kv_lens.numel() == B,
+              "paged_attention: one table, start and length per sequence");
+  const int64_t group = H / Hkv, max_blocks = block_tables.size(1), VD = D / 8;
+  {
+    const int64_t num_blocks = k_cache.size(0) / block_size;
+    const int64_t* bt0 = block_tables.data_ptr<int64_t>();
+    const int64_t *qs0 = q_starts.data_ptr<int64_t>(), *ql0 = q_lens.data_ptr<int64_t>(), *kl0 = kv_lens.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK(ql0[b] >= 0 && qs0[b] >= 0 && qs0[b] + ql0[b] <= T && ql0[b] <= kl0[b],
+                  "paged_attention: sequence ", b, " has query rows [", qs0[b], ", +", ql0[b], ") of ", T, " and ", kl0[b], " keys");
+      const int64_t used = (kl0[b] + block_size - 1) / block_size;
+      TORCH_CHECK(used <= max_blocks, "paged_attention: sequence ", b, " needs ", used, " blocks, its table has ", max_blocks);
+      for (int64_t j = 0; j < used; ++j)
+        TORCH_CHECK(bt0[b * max_blocks + j] >= 0 && bt0[b * max_blocks + j] < num_blocks,
+                    "paged_attention: block ", bt0[b * max_blocks + j], " of sequence ", b, " is outside the cache");
+    }
+  }
   auto out = torch::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();

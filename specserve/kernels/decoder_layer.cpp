@@ -22,6 +22,8 @@ torch::Tensor decoder_layer(torch::Tensor x, c10::optional<torch::Tensor> delta,
                             torch::Tensor q_lens, torch::Tensor kv_lens, int64_t block_size, double scale,
                             int64_t H, int64_t Hkv, int64_t D) {
   const int64_t T = x.size(0);
+  TORCH_CHECK(slot_mapping.dtype() == torch::kInt64 && slot_mapping.numel() == T, "one KV slot per token");
+  TORCH_CHECK(H > 0 && Hkv > 0 && D > 0, "decoder_layer: bad head counts");
   torch::Tensor h = rms_norm(x, delta, attn_norm, eps);
   torch::Tensor qkv = linear(h, qkv_w);  // [T, (H + 2 Hkv) D]
   if (qkv_bias) qkv.add_(*qkv_bias);

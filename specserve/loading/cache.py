@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import warnings
 from typing import Callable, Optional
 
 import numpy as np
@@ -38,7 +39,10 @@ def _pack(arch: ModelArch, weights: dict, tok: Tokenizer) -> dict:
     w = {}
     for name, t in weights.items():
         if isinstance(t, QuantizedWeight):
-            w[name] = {"type": t.type_name, "raw": torch.from_numpy(np.ascontiguousarray(t.raw)), "shape": t.shape}
+            with warnings.catch_warnings():  # a read-only view of the file, only ever saved: never written
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                raw = torch.from_numpy(np.ascontiguousarray(t.raw))
+            w[name] = {"type": t.type_name, "raw": raw, "shape": t.shape}
         else:
             w[name] = t
     return {"version": CACHE_VERSION, "arch": dataclasses.asdict(arch), "weights": w,

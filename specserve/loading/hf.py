@@ -72,26 +72,50 @@ def load_hf_dir(path: str, with_tokenizer: bool = True):
     cfg_file = os.path.join(path, "config.json")
     if not os.path.exists(cfg_file):
         raise ValueError(f"{path}: no config.json (expected a Hugging Face model directory or a .gguf file)")
-    arch = arch_from_config(json.load(open(cfg_file)), path)
+    try:
+        with open(cfg_file) as fh:
+            arch = arch_from_config(json.load(fh), path)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_file}: not valid JSON ({e})") from None
+    except KeyError as e:
+        raise ValueError(f"{cfg_file}: the key {e} is missing (a Llama-family config needs it)") from None
+    except (TypeError, AttributeError) as e:
+        raise ValueError(f"{cfg_file}: a value has the wrong type ({e})") from None
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ValueError(f"{path}: no *.safetensors weights (only safetensors checkpoints are supported)")
     layer_re = re.compile(r"model\.layers\.(\d+)\.(.+)")
     weights = {}
     for f in files:
-        with safe_open(f, framework="pt") as st:
-            for key in st.keys():
-                m = layer_re.fullmatch(key)
-                if m and m.group(2) in _LAYER_NAMES:
-                    name = f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-                elif key in _GLOBAL_NAMES:
-                    name = _GLOBAL_NAMES[key]
-                else:
-                    continue
-                weights[name] = st.get_tensor(key).float()
+        try:
+            with safe_open(f, framework="pt") as st:
+                for key in st.keys():
+                    m = layer_re.fullmatch(key)
+                    if m and m.group(2) in _LAYER_NAMES:
+                        name = f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+                    elif key in _GLOBAL_NAMES:
+                        name = _GLOBAL_NAMES[key]
+                    else:
+                        continue
+                    weights[name] = st.get_tensor(key).float()
+        except Exception as e:  # safetensors' own error types: a truncated or corrupt file
+            if isinstance(e, (KeyboardInterrupt, MemoryError)):
+                raise
+            raise ValueError(f"{f}: cannot read this safetensors file ({str(e).splitlines()[0][:200]})") from None
+    missing = [n for n in _required_names(arch) if n not in weights]
+    if missing:
+        raise ValueError(f"{path}: {len(missing)} tensors missing from the checkpoint, e.g. {', '.join(missing[:3])}")
     if "lm_head" in weights and arch.tie_word_embeddings:
         del weights["lm_head"]
     if "lm_head" not in weights:
         arch.tie_word_embeddings = True
     tokenizer = Tokenizer.from_hf_dir(path, arch.eos_token_ids, arch.bos_token_id) if with_tokenizer else None
     return arch, weights, tokenizer
+
+
+def _required_names(arch: ModelArch) -> list[str]:
+    """Canonical names a Llama-family checkpoint must carry (lm_head is optional: tied)."""
+    per_layer = ["attn_norm", "ffn_norm", "q", "k", "v", "o", "gate", "up", "down"]
+    if arch.attention_bias:
+        per_layer += ["q_bias", "k_bias", "v_bias"]
+    return ["embed", "norm"] + [f"layers.{i}.{n}" for i in range(arch.num_hidden_layers) for n in per_layer]

@@ -1,6 +1,7 @@
 """Model implementations. Which class serves an architecture is `specserve.registry.ARCHITECTURES`."""
 from __future__ import annotations
 
+import importlib
 from typing import Callable, Protocol
 
 import torch
@@ -23,6 +24,8 @@ class TargetView(Protocol):
     def final_norm(self, x: torch.Tensor) -> torch.Tensor: ...  # [B, hidden] -> [B, hidden]
     def head(self, x: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor: ...  # [T, hidden] -> [S, vocab]
     def head_rows(self, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]: ...  # [B, hidden] -> [B, V']
+    def run_layers(self, x, delta, start: int, end: int, cos, sin, meta, k_cache, v_cache): ...  # a pipeline stage
+    def unit_bytes(self) -> list[int]: ...  # weight bytes of [embedding, layers, norm + head]
 
 
 def build_model(arch, weights, dtype, device, use_blocks=True, max_len=None):
@@ -31,8 +34,8 @@ def build_model(arch, weights, dtype, device, use_blocks=True, max_len=None):
 
 
 def _model_class(name: str):
+    """The implementation class named by the architecture's registry entry ("module:Class")."""
     module, _, attr = ARCHITECTURES.get(name).model.partition(":")
-    import importlib
     return getattr(importlib.import_module(module), attr)
 
 

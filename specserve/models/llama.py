@@ -65,11 +65,15 @@ class LlamaModel:
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights read per decode step (what bounds batch-1 speed)."""
-        nbytes = lambda t: t.numel() * t.element_size()
-        total = nbytes(self.norm) + sum(nbytes(layer.attn_norm) + nbytes(layer.ffn_norm) for layer in self.layers)
-        for lin in [self.lm_head] + [l for layer in self.layers for l in (layer.qkv, layer.o, layer.gate_up, layer.down)]:
-            total += lin.block.nbytes if lin.block is not None else nbytes(lin.dense)
-        return total
+        return sum(self.unit_bytes()[1:])
+
+    def unit_bytes(self) -> list[int]:
+        """Weight bytes of [embedding, layer 0 .. L-1, final norm + head] (the planner's units; the
+        embedding counts as the head's table, which the embedded model ties to it)."""
+        layers = [_nbytes(w.attn_norm) + _nbytes(w.ffn_norm) + sum(_linear_bytes(l) for l in (w.qkv, w.o, w.gate_up, w.down))
+                  for w in self.layers]
+        table = _linear_bytes(self.lm_head)
+        return [table] + layers + [table + _nbytes(self.norm)]
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -124,3 +128,11 @@ class LlamaModel:
             return self.lm_head.block.select_rows(ids.cpu()).matmul
         rows = self.lm_head.dense.index_select(0, ids).float().contiguous()  # [V', hidden]
         return lambda x: F.linear(x, rows)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _linear_bytes(lin: Linear) -> int:
+    return lin.block.nbytes if lin.block is not None else _nbytes(lin.dense)

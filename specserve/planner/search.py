@@ -43,6 +43,14 @@ class SearchConfig:
     bucket_ratio: float = 2.0  # latency jump that starts a new bucket
     device_unit: int = 0  # bucket device counts are multiples of this (0: devices per node)
 
+    def __post_init__(self):
+        for name, lowest in (("beam", 1), ("model_candidates", 0), ("group_candidates", 0), ("device_unit", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lowest:
+                raise ValueError(f"{name.replace('_', '-')} must be an integer >= {lowest}, got {v!r}")
+        if not (isinstance(self.bucket_ratio, (int, float)) and 1 < self.bucket_ratio < float("inf")):
+            raise ValueError(f"bucket-ratio must be a finite number > 1, got {self.bucket_ratio!r}")
+
 
 @dataclass
 class PlanResult:

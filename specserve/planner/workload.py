@@ -8,12 +8,17 @@ counts per function (Azure Functions 2019: HashFunction, then minute columns 1..
 from __future__ import annotations
 
 import csv
+import math
 from datetime import datetime
 from typing import Optional, Sequence
 
 import numpy as np
 
 from .simulator import Arrival
+
+# What one simulated workload may ask for: beyond this the arrays alone outgrow the machine.
+MAX_RATE = 1e5  # requests per second
+MAX_ARRIVALS = 2e7
 
 
 def gamma_arrivals(rate: float, cv: float, duration: float, rng: np.random.Generator) -> np.ndarray:
@@ -103,6 +108,11 @@ def parse_workload(spec: str, models: list[str], duration: float, seed: int) -> 
         kv = {k.strip(): float(v) for k, v in (item.split("=") for item in rest.split(",") if item.strip())}
     except ValueError:
         raise ValueError(f"workload {spec!r}: expected KIND:key=value,... e.g. gamma:rate=20,cv=4") from None
+    if not all(math.isfinite(v) and v > 0 for v in kv.values()):
+        raise ValueError(f"workload {spec!r}: rate and cv must be finite numbers > 0")
+    if "rate" in kv and (kv["rate"] > MAX_RATE or kv["rate"] * duration > MAX_ARRIVALS):
+        raise ValueError(f"workload {spec!r}: at most {MAX_RATE:g} requests/s and {MAX_ARRIVALS:g} arrivals in all "
+                         f"(rate x duration = {kv['rate'] * duration:g})")
     if kind == "gamma" and "rate" in kv:
         return multi_model(models, kv["rate"], kv.get("cv", 1.0), duration, seed)
     if kind == "poisson" and "rate" in kv:

@@ -39,8 +39,8 @@ def make_generator(seed: Optional[int], device: torch.device) -> torch.Generator
 def draw(probs: torch.Tensor, generator: Optional[torch.Generator]) -> int:
     """One token from probs [vocab] by inverting the CDF with one uniform draw.
 
-    torch.multinomial draws an exponential per vocabulary entry (~1 ms for 49k on this CPU); one
-    uniform and a binary search cost ~50 us and give the same distribution."""
+    torch.multinomial draws an exponential per vocabulary entry (about 20x the time of one uniform and
+    a binary search over a 49k vocabulary on the CPUs this was built on), for the same distribution."""
     cdf = probs.double().cumsum(-1)
     u = torch.rand((1,), generator=generator, dtype=torch.float64, device=probs.device) * cdf[-1]
     # right=True: the first token whose cumulative mass exceeds u, which always has mass > 0

@@ -136,6 +136,12 @@ class Scheduler:
         self.running.append(sibling)
         return copies
 
+    def abort(self, req: Request) -> None:
+        """Drop req wherever it is (waiting or running) and free its blocks."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.finish(req)
+
     def finish(self, req: Request) -> None:
         self.blocks.free(req.block_table)
         req.status = RequestStatus.FINISHED

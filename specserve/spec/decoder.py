@@ -76,6 +76,11 @@ class SpeculativeDecoder:
         self._since_spec = 0
         self._step: Optional[DraftingStep] = None  # this step's shared drafting, until record_step
 
+    @property
+    def wants_hidden_states(self) -> bool:
+        """Whether the target pass must return its last hidden states (for the drafter's observe)."""
+        return self.drafter.wants_hidden_states
+
     @staticmethod
     def _seeded(r: Request) -> bool:
         return r.seed is not None and not r.params.greedy
@@ -262,6 +267,10 @@ class SpeculativeDecoder:
         s.target_seconds += target_seconds
         s.decode_seq_steps += decode_seqs
         s.decode_tokens += decode_tokens
+
+    def abandon_step(self) -> None:
+        """Forget the drafting of a step that never completed (aborted): it must not be measured."""
+        self._step = None
 
     def release(self, request: Request) -> None:
         request.draft = None

@@ -94,3 +94,26 @@ def test_bench_spec_writes_tables_json_and_plot(tmp_path):
     assert all(t["rd"]["all_ms"] > 0 and t["spec"]["all_ms"] > 0 for t in rows)
     assert res["hardware"]["floor_ms_per_token"] > 0
     assert list(tmp_path.glob("spec-cpu-*.md")) and list(tmp_path.glob("spec-cpu-*.png"))
+
+
+@pytest.mark.parametrize("error, code", [(RuntimeError("boom"), 1), (KeyboardInterrupt(), 130),
+                                         (ValueError("bad value"), 2)])
+def test_exit_codes_one_line_and_debug(monkeypatch, capsys, error, code):
+    """User errors exit 2, anything unexpected 1 with a hint to rerun with --debug, Ctrl-C 130
+    quietly; --debug (anywhere on the line) shows the traceback instead."""
+    from specserve.cli import main as cli
+
+    def boom(args):
+        raise error
+
+    monkeypatch.setattr(cli, "cmd_generate", boom)
+    assert cli.main(["generate", "x"]) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") <= 1
+    if code == 1:
+        assert "RuntimeError: boom" in err and "--debug" in err
+    if code == 130:
+        assert err == ""
+    if code != 130:
+        with pytest.raises(type(error)):
+            cli.main(["generate", "x", "--debug"])

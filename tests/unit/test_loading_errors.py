@@ -60,3 +60,45 @@ def test_unsupported_hf_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
     with pytest.raises(ValueError, match=r"architecture \['GPT2LMHeadModel'\] is not supported \(supported: LlamaForCausalLM"):
         load_model_files(str(tmp_path))
+
+
+def _hf_dir(tmp_path, cfg: dict, tensors=None, raw: bytes = None):
+    import json
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    path = tmp_path / "model.safetensors"
+    if raw is not None:
+        path.write_bytes(raw)
+    elif tensors is not None:
+        from safetensors.torch import save_file
+        save_file(tensors, str(path))
+    return str(tmp_path)
+
+
+TINY_CFG = {"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 8, "intermediate_size": 16,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("case, match", [
+    ("missing key", "the key 'hidden_size' is missing"),
+    ("bad json", "not valid JSON"),
+    ("corrupt weights", "cannot read this safetensors file"),
+    ("missing tensors", "tensors missing from the checkpoint"),
+])
+def test_broken_hf_directories_give_one_line_errors(tmp_path, case, match):
+    import torch
+
+    from specserve.loading.hf import load_hf_dir
+    cfg = dict(TINY_CFG)
+    if case == "missing key":
+        del cfg["hidden_size"]
+        path = _hf_dir(tmp_path, cfg, raw=b"")
+    elif case == "bad json":
+        path = _hf_dir(tmp_path, cfg, raw=b"")
+        (tmp_path / "config.json").write_text("{not json")
+    elif case == "corrupt weights":
+        path = _hf_dir(tmp_path, cfg, raw=b"\x10\x00\x00\x00\x00\x00\x00\x00garbage!")
+    else:
+        path = _hf_dir(tmp_path, cfg, tensors={"model.embed_tokens.weight": torch.zeros(32, 8)})
+    with pytest.raises(ValueError, match=match) as e:
+        load_hf_dir(path, with_tokenizer=False)
+    assert "\n" not in str(e.value)

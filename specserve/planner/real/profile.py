@@ -36,15 +36,6 @@ def _unit_times(stages, ids, reps: int, gap_s: float) -> tuple[list[float], floa
     return [statistics.median(v) for v in per_unit], statistics.median(passes)
 
 
-def _unit_bytes(model) -> list[int]:
-    nbytes = lambda t: t.numel() * t.element_size()
-    lin = lambda l: l.block.nbytes if l.block is not None else nbytes(l.dense)
-    layers = [lin(l.qkv) + lin(l.o) + lin(l.gate_up) + lin(l.down) + nbytes(l.attn_norm) + nbytes(l.ffn_norm)
-              for l in model.layers]
-    table = lin(model.lm_head)  # the embedding is tied to the head in the embedded model: both ends hold it
-    return [table] + layers + [table + nbytes(model.norm)]
-
-
 def _pingpong(rank: int, port: int, shape, reps: int):
     import torch.distributed as dist
     join(rank, port, 2)
@@ -77,7 +68,7 @@ def profile_model(model_path=None, tokens: int = 16, reps: int = 30, threads: in
     unit_s, pass_s = _unit_times([PipelineStage(model, u, u + 1, tokens) for u in range(n)], ids, reps, gap_s)
     boundary = measure_boundary((tokens, model.arch.hidden_size))
     name = "embedded" if model_path is None else os.path.splitext(os.path.basename(model_path.rstrip("/")))[0].lower()
-    return LayerProfile(model=name, layer_s=unit_s, layer_bytes=_unit_bytes(model), boundary_s=boundary,
+    return LayerProfile(model=name, layer_s=unit_s, layer_bytes=model.unit_bytes(), boundary_s=boundary,
                         tokens=tokens, device="cpu",
                         meta={"threads": threads, "reps": reps, "gap_s": gap_s, "whole_pass_s": pass_s,
                               "units": ["embedding"] + [f"layer {i}" for i in range(n - 2)] + ["norm+head"],

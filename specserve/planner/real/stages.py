@@ -25,7 +25,7 @@ def load_model(model_path=None):
 
 
 def num_units(model) -> int:
-    return len(model.layers) + 2
+    return model.arch.num_hidden_layers + 2
 
 
 class PipelineStage:
@@ -39,8 +39,9 @@ class PipelineStage:
         self.layer_end = min(unit_end, n - 1) - 1
         num_layers = max(0, self.layer_end - self.layer_start)
         blocks = -(-tokens // BLOCK_SIZE)
-        self.kv = KVCache(max(1, num_layers), blocks, BLOCK_SIZE, model.num_kv_heads, model.head_dim,
-                          model.dtype, torch.device("cpu"))
+        a = model.arch
+        self.kv = KVCache(max(1, num_layers), blocks, BLOCK_SIZE, a.num_key_value_heads, a.head_dim, model.dtype,
+                          torch.device("cpu"))
         self.meta = AttentionMetadata.build([tokens], [tokens], [list(range(blocks))], BLOCK_SIZE,
                                             torch.device("cpu"), mode="split")
         self.cos, self.sin = model.rotary.tables(torch.arange(tokens))

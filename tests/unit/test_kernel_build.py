@@ -1,0 +1,43 @@
+"""Kernel builds: a build lock left by a killed build is removed (torch would wait on it forever),
+and a process finding another one building says so and waits for it."""
+import fcntl
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specserve import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="needs the compiled CPU kernels")
+LOAD = "from specserve import kernels; assert kernels.available(); print('loaded')"
+
+
+def test_a_stale_torch_lock_is_removed_with_a_notice():
+    build_dir = kernels.build_directory()
+    stale = os.path.join(build_dir, "lock")
+    open(stale, "w").close()  # what a build killed midway leaves behind
+    out = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "loaded" in out.stdout, out.stderr
+    assert "removing a stale kernel build lock" in out.stderr
+    assert not os.path.exists(stale)
+
+
+def test_a_load_waits_for_another_process_building_and_says_so():
+    build_dir = kernels.build_directory()
+    with open(os.path.join(build_dir, "specserve.lock"), "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # "another process is building"
+        proc = subprocess.Popen([sys.executable, "-c", LOAD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)
+        assert proc.poll() is None  # waiting, not loading half-built objects
+        fcntl.flock(f, fcntl.LOCK_UN)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "loaded" in out
+    assert "waiting for another process" in err
+
+
+def test_the_build_directory_is_keyed_by_checkout_and_interpreter():
+    d = kernels.build_directory()
+    assert os.path.basename(os.path.dirname(d)) == "kernels" and len(os.path.basename(d)) == 16
+    assert d == kernels.build_directory()  # stable within a checkout
