@@ -12,6 +12,15 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 
+def resolve(target: str) -> Any:
+    """The object named by "package.module:attribute[.attribute]" (imported now)."""
+    module, _, attrs = target.partition(":")
+    obj = importlib.import_module(module)
+    for attr in attrs.split("."):
+        obj = getattr(obj, attr)
+    return obj
+
+
 class Registry:
     """Names of one kind -> their implementation (an object, or a lazy "module:attribute" string)."""
 
@@ -46,11 +55,7 @@ class Registry:
     def get(self, name: str) -> Any:
         target = self._entries[self.check(name)]
         if isinstance(target, str):  # "package.module:attribute", imported on first use
-            module, _, attrs = target.partition(":")
-            target = importlib.import_module(module)
-            for attr in attrs.split("."):
-                target = getattr(target, attr)
-            self._entries[name] = target
+            target = self._entries[name] = resolve(target)
         return target
 
 

@@ -1,12 +1,11 @@
 """Model implementations. Which class serves an architecture is `specserve.registry.ARCHITECTURES`."""
 from __future__ import annotations
 
-import importlib
 from typing import Callable, Protocol
 
 import torch
 
-from ..registry import ARCHITECTURES
+from ..registry import ARCHITECTURES, resolve
 from .llama import LlamaModel
 
 
@@ -29,14 +28,8 @@ class TargetView(Protocol):
 
 
 def build_model(arch, weights, dtype, device, use_blocks=True, max_len=None):
-    cls = _model_class(arch.architecture)
+    cls = resolve(ARCHITECTURES.get(arch.architecture).model)  # the entry's "module:Class"
     return cls(arch, weights, dtype, device, use_blocks=use_blocks, max_len=max_len)
-
-
-def _model_class(name: str):
-    """The implementation class named by the architecture's registry entry ("module:Class")."""
-    module, _, attr = ARCHITECTURES.get(name).model.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 __all__ = ["LlamaModel", "TargetView", "build_model"]
