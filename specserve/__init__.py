@@ -1,5 +1,14 @@
 """specserve: a fast, lossless LLM inference engine."""
-from .types import CompletionOutput, RequestOutput, SamplingParams
+import os as _os
+import signal as _signal
+import sys as _sys
+
+if _os.path.basename(_sys.argv[0]) == "specserve" and _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+    # The `specserve` command: Ctrl-C while it is still importing exits quietly (130) instead of a
+    # traceback from the middle of an import (cli.main() keeps it so, except with --debug).
+    _signal.signal(_signal.SIGINT, lambda *_: _os._exit(130))
+
+from .types import CompletionOutput, RequestOutput, SamplingParams, StreamDelta
 
 __version__ = "0.1.0"
 
@@ -9,7 +18,10 @@ def __getattr__(name):
     if name == "LLM":
         from .engine.llm import LLM
         return LLM
+    if name == "AsyncLLM":
+        from .engine.async_llm import AsyncLLM
+        return AsyncLLM
     raise AttributeError(name)
 
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StreamDelta"]

@@ -18,13 +18,15 @@ class ModelConfig:
     # On CPU in float32, GGUF Q4_0/Q4_1/Q8_0 weights stay in their blocks and run through the block
     # kernels for small batches; False forces dense fp32 everywhere (same results, slower).
     block_kernels: bool = True
-    num_threads: Optional[int] = None  # torch CPU threads; None: all cores
+    num_threads: Optional[int] = None  # pinned CPU threads; None: all cores, governed by load (engine/threads.py)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+        if self.num_threads is not None:
+            _check_int("num_threads", self.num_threads, 1)
 
     def resolved_dtype(self) -> str:
         return "float32" if self.dtype == "auto" else self.dtype
@@ -76,7 +78,7 @@ class SpeculativeConfig:
     # sequence); both chosen by the PAD/SPLIT ablation of `specserve bench spec` on each device.
     attention: str = "auto"
     fallback: bool = True  # skip drafting on steps where the measured costs say it would not pay
-    lookup_max_ngram: int = 4
+    lookup_max_ngram: int = 4  # the longest suffix n-gram prompt lookup matches
 
     def resolved_attention(self, device: str) -> str:
         if self.attention != "auto":
@@ -94,6 +96,9 @@ class SpeculativeConfig:
             if not isinstance(k, int) or isinstance(k, bool) or k < 1:
                 raise ValueError(f"draft_len must be 'auto' or an integer >= 1, got {self.draft_len!r}")
             self.draft_len = k
+        _check_int("lookup_max_ngram", self.lookup_max_ngram, 1)
+        if not isinstance(self.fallback, bool):
+            raise ValueError(f"fallback must be True or False, got {self.fallback!r}")
 
     @classmethod
     def from_any(cls, spec) -> Optional["SpeculativeConfig"]:

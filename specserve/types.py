@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds; beyond, Python ints overflow them
+MAX_TOP_LOGPROBS = 20  # vLLM's default max_logprobs; the OpenAI API allows 20 top_logprobs too
 
 
 def _is_int(x) -> bool:
@@ -39,8 +40,13 @@ class SamplingParams:
     stop: Union[str, Sequence[str], None] = None
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
-    logprobs: bool = False  # log-probability of each chosen token under the model's distribution
+    # True: the log-probability of each chosen token under the model's distribution; an integer k
+    # (as in vLLM): that plus the k most likely tokens at each position, with their ids.
+    logprobs: Union[bool, int] = False
     skip_special_tokens: bool = True
+    # With an engine that speculates: None lets its cost model decide; False: never draft for this
+    # request (its tokens are the same either way: speculation is lossless).
+    speculative: Optional[bool] = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -67,12 +73,25 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED - (self.n - 1)):
             raise ValueError(f"seed must be an integer in [0, {MAX_SEED - (self.n - 1)}] (sample i uses seed + i), got {self.seed!r}")
+        if self.speculative is not None and self.speculative is not False:
+            raise ValueError(f"speculative must be None (the engine decides) or False (never draft), got {self.speculative!r}")
+        if not isinstance(self.stop, (list, tuple)) or not isinstance(self.stop_token_ids, (list, tuple)):
+            raise ValueError("stop and stop_token_ids must be lists (set them in SamplingParams(...), which normalises them)")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        if not isinstance(self.logprobs, bool):
-            raise ValueError(f"logprobs must be True or False (the chosen tokens' log-probabilities), got {self.logprobs!r}")
+        if not isinstance(self.logprobs, bool) and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"logprobs must be True/False or an integer k in [0, {MAX_TOP_LOGPROBS}] (the k most likely "
+                             f"tokens too), got {self.logprobs!r}")
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not False
+
+    @property
+    def num_top_logprobs(self) -> int:
+        return 0 if isinstance(self.logprobs, bool) else int(self.logprobs)
 
     @property
     def greedy(self) -> bool:
@@ -126,6 +145,7 @@ class Request:
     sample_index: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[dict[int, float]] = field(default_factory=list)  # logprobs=k: {id: logprob}, most likely first
     num_computed_tokens: int = 0  # tokens whose KV is in the cache (Scheduler moves it)
     draft: Optional[Draft] = None  # proposed tokens riding after the known ones this step (spec.decoder sets it)
     block_table: list[int] = field(default_factory=list)
@@ -172,11 +192,29 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: Optional[str]
     stop_reason: Union[int, str, None] = None
-    logprobs: Optional[list[float]] = None
+    logprobs: Optional[list[float]] = None  # the chosen tokens' log-probabilities (SamplingParams.logprobs)
+    top_logprobs: Optional[list[dict[int, float]]] = None  # logprobs=k: per token, the k most likely {id: logprob}
     time_to_first_token: Optional[float] = None  # seconds, from the request's arrival
     per_token_latency: Optional[float] = None  # seconds per output token after the first
     accepted_per_step: Optional[list[int]] = None  # speculative decoding: drafts accepted at each verify step
     drafted_per_step: Optional[list[int]] = None  # and drafts proposed
+
+
+@dataclass(frozen=True)
+class StreamDelta:
+    """What one sample of a request gained in one engine step (AsyncLLM.generate yields these)."""
+
+    index: int  # the sample (0..n-1)
+    text: str  # new text (held back while it could still become a stop string)
+    token_ids: list[int]  # new token ids
+    logprobs: Optional[list[float]] = None  # theirs, where SamplingParams.logprobs asks
+    top_logprobs: Optional[list[dict[int, float]]] = None  # logprobs=k: per new token, {id: logprob}
+    finish_reason: Optional[str] = None  # set on the sample's last delta: "stop", "length", "abort"
+    stop_reason: Union[int, str, None] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclass

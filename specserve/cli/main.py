@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 
@@ -28,7 +30,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=_model_path, default=None, help="a .gguf file or HF directory (default: embedded SmolLM2-135M)")
     p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="pin the CPU threads (default: all cores, fewer while other processes compete)")
     p.add_argument("--kv-cache-gib", type=positive_float, default=1.0,
                    help="memory for the paged KV cache, allocated up front (default 1 GiB)")
 
@@ -43,12 +46,15 @@ def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     p.add_argument("--policy", choices=POLICIES.names(), default="bass", help="draft-length policy")
     p.add_argument("--attention", choices=ATTENTION.names(), default="auto",
                    help="ragged verification attention (auto: split on CPU, pad on CUDA)")
+    p.add_argument("--fallback", action=argparse.BooleanOptionalAction, default=True,
+                   help="let the cost model skip drafting where it would not pay (--no-fallback: always draft)")
 
 
 def spec_from_args(args):
     if args.speculative == "none":
         return None
-    spec = {"method": args.speculative, "draft_len": args.draft_len, "policy": args.policy, "attention": args.attention}
+    spec = {"method": args.speculative, "draft_len": args.draft_len, "policy": args.policy, "attention": args.attention,
+            "fallback": args.fallback}
     if args.draft_model:
         spec["draft_model"] = args.draft_model
     return spec
@@ -68,10 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=top_p, default=1.0)
     g.add_argument("--top-k", type=int, default=-1)
     g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     add_model_args(g)
     add_spec_args(g)
 
     from .plan import add_plan_args
+    sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions, chat, streaming, /metrics)")
+    from .serve import add_serve_args
+    add_serve_args(sv)
+    add_model_args(sv)
+    sv.add_argument("--max-num-seqs", type=positive_int, default=64, help="most sequences in one batch")
+    add_spec_args(sv)
+
     pl = sub.add_parser("plan", help="place models on a cluster for SLO attainment (AlpaServe)")
     add_plan_args(pl)
 
@@ -85,6 +100,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks against HF transformers and llama.cpp")
     bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+    bs = bsub.add_parser("serve", help="open-loop load on the server: TTFT/TPOT/ITL, goodput vs rate, regular/forced/auto")
+    bs.add_argument("--rates", default="0.25,0.5,1,2", help="request rates to test, requests/s")
+    bs.add_argument("--modes", default="regular,forced,auto", help="regular decoding, speculation forced on, automatic")
+    bs.add_argument("--duration", type=positive_float, default=60, help="seconds of arrivals per rate")
+    bs.add_argument("--arrivals", choices=("poisson", "gamma"), default="poisson")
+    bs.add_argument("--cv", type=positive_float, default=1.0, help="coefficient of variation of Gamma arrivals")
+    bs.add_argument("--max-tokens", type=positive_int, default=256, help="cap on the drawn output lengths")
+    bs.add_argument("--slo-ttft", type=positive_float, default=2.0, help="goodput SLO: time to first token, s")
+    bs.add_argument("--slo-tpot", type=positive_float, default=0.1, help="goodput SLO: time per output token, s")
+    bs.add_argument("--speculative", choices=DRAFTERS.names(), default="draft", help="the drafter of forced and auto")
+    bs.add_argument("--model", type=_model_path, default=None)
+    bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--out", default="bench/results")
     d = bsub.add_parser("decode", help="regular decoding: ms/token, TTFT, tokens/s vs peers")
     d.add_argument("--prompts", type=positive_int, default=3, help="HumanEval prompts for batch 1")
     d.add_argument("--max-tokens", type=positive_int, default=128)
@@ -116,7 +144,7 @@ def cmd_generate(args) -> int:
     from ..types import SamplingParams
 
     params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed)
+                            max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
               kv_cache_gib=args.kv_cache_gib, speculative=spec_from_args(args))
     pieces: dict[int, list[str]] = {}
@@ -157,6 +185,11 @@ def cmd_generate(args) -> int:
 def _run(args) -> int:
     if args.command == "generate":
         return cmd_generate(args)
+    if args.command == "serve":
+        from .serve import cmd_serve
+        return cmd_serve(args, dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
+                                    kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs,
+                                    speculative=spec_from_args(args)))
     if args.command == "plan":
         from .plan import cmd_plan
         return cmd_plan(args)
@@ -173,6 +206,10 @@ def _run(args) -> int:
                              f"pick --speculative {'|'.join(DRAFTERS.names())}")
         run_spec_bench(args)
         return 0
+    if args.command == "bench" and args.bench == "serve":
+        from ..bench.serve import run_serve_bench
+        run_serve_bench(args)
+        return 0
     if args.command == "bench" and args.bench == "decode":
         from ..bench.decode import run_decode_bench
         run_decode_bench(args)
@@ -180,11 +217,21 @@ def _run(args) -> int:
     return 2
 
 
+def _exit_130(*_):
+    os._exit(130)
+
+
 def main(argv=None) -> int:
     """Exit codes: 0 done, 2 a user-caused error (one line), 1 anything unexpected (one line; --debug
     shows the traceback), 130 Ctrl-C (quietly, at any moment)."""
+    command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    if command_line and threading.current_thread() is threading.main_thread():
+        # Ctrl-C leaves at once with 130. A KeyboardInterrupt can land inside a callback that swallows
+        # it ("Exception ignored in ... importlib", and the command ran on); checkpoints and kernel
+        # builds are written to survive a hard exit. --debug keeps Python's KeyboardInterrupt.
+        signal.signal(signal.SIGINT, signal.default_int_handler if debug else _exit_130)
     argv = [a for a in argv if a != "--debug"]  # taken anywhere on the line
     try:
         if not debug:  # libraries' warnings are for developers, not for the person at the terminal

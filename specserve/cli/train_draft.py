@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..training.distill import DistillConfig
+from ..training.config import DistillConfig
 
 HELP = {
     "out": "workspace: token files, checkpoint.pt (resumed when present), the draft in OUT/draft",

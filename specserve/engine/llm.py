@@ -120,7 +120,8 @@ class LLM:
             outs.append(CompletionOutput(
                 index=r.sample_index, text=r.text, token_ids=list(r.output_token_ids),
                 finish_reason=r.finish_reason.value if r.finish_reason else None, stop_reason=r.stop_reason,
-                logprobs=list(r.output_logprobs) if r.params.logprobs else None,
+                logprobs=list(r.output_logprobs) if r.params.wants_logprobs else None,
+                top_logprobs=list(r.output_top_logprobs) if r.params.num_top_logprobs else None,
                 time_to_first_token=ttft, per_token_latency=tpot,
                 accepted_per_step=list(r.spec_accepted) if r.spec_drafted else None,
                 drafted_per_step=list(r.spec_drafted) if r.spec_drafted else None))

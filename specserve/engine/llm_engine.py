@@ -15,11 +15,12 @@ from ..kv.block_manager import BlockManager
 from ..kv.cache import KVCache
 from ..loading import IncrementalDetokenizer, load_model_files
 from ..models import build_model
-from ..sampling.sampler import make_generator, sample
+from ..sampling.sampler import make_generator, sample, token_logprobs
 from ..scheduler.scheduler import ScheduledRequest, Scheduler
 from ..spec import SpeculativeDecoder, Verified, calibrate, make_policy
 from ..types import FinishReason, Request, RequestStatus, SamplingParams
 from .runner import ModelRunner, StepOutput
+from .threads import ThreadGovernor
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -40,6 +41,9 @@ class LLMEngine:
         if mc.num_threads:
             torch.set_num_threads(mc.num_threads)
         self.device = torch.device(mc.device)
+        # Unpinned CPU threads follow the machine's load (engine/threads.py); --threads pins them.
+        self.threads = ThreadGovernor(torch.get_num_threads(), torch.set_num_threads) \
+            if not mc.num_threads and self.device.type == "cpu" and torch.get_num_threads() > 1 else None
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device cuda requested but torch sees no CUDA device")
         self.dtype = _DTYPES[mc.resolved_dtype()]
@@ -105,6 +109,7 @@ class LLMEngine:
         """Raise ValueError (one line) if the prompt cannot be served; queues nothing."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate()  # again: fields may have been changed since construction
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt_token_ids):
@@ -159,6 +164,15 @@ class LLMEngine:
     def step(self) -> list[tuple[Request, str]]:
         """propose -> schedule -> execute -> verify / sample -> roll back -> append (docs/architecture.md).
         Returns (request, new text) for every request that got tokens."""
+        if self.threads is None:
+            return self._step()
+        self.threads.begin()
+        try:
+            return self._step()
+        finally:
+            self.threads.end()
+
+    def _step(self) -> list[tuple[Request, str]]:
         spec = self.speculator
         if spec is not None:
             spec.propose(self.scheduler.running)
@@ -193,11 +207,11 @@ class LLMEngine:
         for s, rows in verifiers:
             r = s.request
             emitted = verified[r.request_id].tokens
-            lp = torch.log_softmax(out.logits[rows.logits].float(), -1)[torch.arange(len(emitted)), torch.tensor(emitted)].tolist() \
-                if r.params.logprobs else [None] * len(emitted)
+            lp = token_logprobs(out.logits[rows.logits][:len(emitted)], emitted, r.params.num_top_logprobs) \
+                if r.params.wants_logprobs else None
             delta = ""
-            for tok, tok_lp in zip(emitted, lp):
-                delta += self._append(r, tok, tok_lp, now)
+            for j, tok in enumerate(emitted):
+                delta += self._append(r, tok, None if lp is None else (lp[0][j], lp[1][j]), now)
                 if r.is_finished:
                     break
             results.append((r, delta))
@@ -225,8 +239,7 @@ class LLMEngine:
             row_reqs.extend(group)
         params = [r.params for r in row_reqs]
         gens = [self._live[r.request_id].generator for r in row_reqs]
-        want_lp = any(p.logprobs for p in params)
-        tokens, logprobs = sample(logits[take] if take != list(range(logits.shape[0])) else logits, params, gens, want_lp)
+        tokens, logprobs = sample(logits[take] if take != list(range(logits.shape[0])) else logits, params, gens)
 
         # Fork before any token is appended: appending may finish the leader and free its blocks.
         copies = []
@@ -238,13 +251,16 @@ class LLMEngine:
                 r.leader = None
         if copies:
             self.kv.copy_blocks(copies)
-        return [(r, self._append(r, tok, logprobs[j] if want_lp else None, now))
+        return [(r, self._append(r, tok, None if logprobs is None else (logprobs[0][j], logprobs[1][j]), now))
                 for j, (r, tok) in enumerate(zip(row_reqs, tokens))]
 
-    def _append(self, r: Request, token: int, logprob: Optional[float], now: float) -> str:
+    def _append(self, r: Request, token: int, logprob: Optional[tuple[float, dict[int, float]]], now: float) -> str:
+        """logprob: (the token's, the top-k {id: logprob}) from token_logprobs, where the step computed them."""
         r.output_token_ids.append(token)
-        if logprob is not None and r.params.logprobs:
-            r.output_logprobs.append(logprob)
+        if logprob is not None and r.params.wants_logprobs:
+            r.output_logprobs.append(logprob[0])
+            if r.params.num_top_logprobs:
+                r.output_top_logprobs.append(dict(list(logprob[1].items())[:r.params.num_top_logprobs]))
         if r.first_token_time is None:
             r.first_token_time = now
         p = r.params

@@ -47,9 +47,21 @@ def draw(probs: torch.Tensor, generator: Optional[torch.Generator]) -> int:
     return int(torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).item())
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[Optional[torch.Generator]],
-           want_logprobs: bool) -> tuple[list[int], Optional[list[float]]]:
-    """logits [S, vocab] float32, one row per sampling sequence -> (token per row, logprob per row)."""
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> tuple[list[float], list[dict[int, float]]]:
+    """logits [R, vocab], tokens [R] -> (each token's log-probability under the raw model distribution,
+    per row the `top` most likely {id: logprob}, most likely first; empty dicts when top is 0)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)  # [R, vocab]
+    chosen = lp[torch.arange(len(tokens), device=lp.device), torch.tensor(tokens, device=lp.device)].tolist()
+    if not top:
+        return chosen, [{} for _ in tokens]
+    vals, ids = lp.topk(top, dim=-1)  # [R, top]
+    return chosen, [dict(zip(i, v)) for i, v in zip(ids.tolist(), vals.tolist())]
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[Optional[torch.Generator]]
+           ) -> tuple[list[int], Optional[tuple[list[float], list[dict[int, float]]]]]:
+    """logits [S, vocab] float32, one row per sampling sequence -> (token per row, and where any row's
+    params ask for logprobs, token_logprobs(...) for every row with the largest k asked)."""
     greedy = [i for i, p in enumerate(params) if p.greedy]
     tokens = [0] * len(params)
     if greedy:
@@ -66,8 +78,6 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         probs = warp_logits(logits[rows] if len(rows) < logits.shape[0] else logits, params[rows[0]])
         for r, i in enumerate(rows):
             tokens[i] = draw(probs[r], generators[i])
-    logprobs = None
-    if want_logprobs:
-        lp = torch.log_softmax(logits, dim=-1)
-        logprobs = lp[torch.arange(len(tokens), device=logits.device), torch.tensor(tokens, device=logits.device)].tolist()
-    return tokens, logprobs
+    if not any(p.wants_logprobs for p in params):
+        return tokens, None
+    return tokens, token_logprobs(logits, tokens, max(p.num_top_logprobs for p in params))

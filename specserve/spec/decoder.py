@@ -61,8 +61,10 @@ class SpeculativeDecoder:
         self.drafter, self.make_policy, self.fallback = drafter, make_policy, fallback
         self.policy = make_policy()  # shared by the batch, as BASS adapts one length for all
         # A seeded sampled request gets a policy of its own, and its fallback looks only at its own
-        # acceptance and the start-up calibration: its draft lengths, and so its random draws, then
-        # depend on its own tokens (not on the batch or on live timings), and the seed reproduces it.
+        # acceptance and the start-up calibration at batch 1: its draft lengths, and so its random
+        # draws, then depend on its own tokens (not on the batch or on live timings), and the seed
+        # reproduces it within one LLM (another LLM's calibration may choose other lengths: the same
+        # distribution, other draws; fallback=False makes it identical across instances too).
         self.own_policies: dict[str, DraftLengthPolicy] = {}
         # A weak prior so the first steps already weigh drafting against plain decoding.
         self.costs = CostModel(prior_alpha=prior_alpha)
@@ -91,7 +93,8 @@ class SpeculativeDecoder:
     # --- before scheduling ----------------------------------------------------------------------
     def propose(self, running: list[Request]) -> None:
         """Set `request.draft` for the running requests that decode this step and should draft."""
-        decoding = [r for r in running if r.status == RequestStatus.RUNNING and r.num_tokens - r.num_computed_tokens == 1]
+        decoding = [r for r in running if r.status == RequestStatus.RUNNING and r.num_tokens - r.num_computed_tokens == 1
+                    and r.params.speculative is not False]
         shared = [r for r in decoding if not self._seeded(r)]
         # Seeded requests with the same length (and threshold) draft together: one draft pass each
         # step for the lot, not one per request (a request's draws come from its own generator).
@@ -101,7 +104,7 @@ class SpeculativeDecoder:
                 policy = self.own_policies.setdefault(r.request_id, self.make_policy())
                 k = policy.draft_len()
                 if self.fallback:  # from the request's own acceptance and the fixed calibration only
-                    k = self.costs.best_len(len(decoding), k, alpha=_own_alpha(r), calibrated_only=True)
+                    k = self.costs.best_len(1, k, alpha=_own_alpha(r), calibrated_only=True)
                     k = policy.draft_len() if k is None else k
                 if k:
                     same_len.setdefault((k, policy.min_confidence), []).append(r)
@@ -126,6 +129,7 @@ class SpeculativeDecoder:
                 self._probed = False
             if k == 0:
                 self.stats.fallback_steps += 1
+                self.stats.speculating = False
                 self._since_spec += 1
                 # Free drafts (lookups) are still verified where they pay.
                 free = self.drafter.propose_free(shared, self.policy.draft_len())
@@ -234,9 +238,11 @@ class SpeculativeDecoder:
         self.costs.record_acceptance(sum(accepted), rejections)
         s = self.stats
         s.spec_steps += 1
+        s.speculating = True
         s.drafted += sum(drafted)
         s.accepted += sum(accepted)
         s.rejections += rejections
+        s.record_positions(drafted, accepted)
         for r, a, n in zip(requests, accepted, drafted):
             r.spec_drafted.append(n)
             r.spec_accepted.append(a)

@@ -1,7 +1,7 @@
 """What speculative decoding has done so far (`LLM.spec_stats()` reads it)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 
@@ -17,6 +17,20 @@ class SpecStats:
     target_seconds: float = 0.0
     decode_tokens: int = 0  # tokens emitted by decode steps (spec or not)
     decode_seq_steps: int = 0  # (sequence, decode step) pairs
+    drafted_at: list[int] = field(default_factory=list)  # [position]: drafts proposed at draft position i
+    accepted_at: list[int] = field(default_factory=list)  # and accepted there
+    speculating: bool = False  # whether the last decode step verified drafts (the cost model's live choice)
+
+    def record_positions(self, drafted: list[int], accepted: list[int]) -> None:
+        """Per verified sequence: drafts proposed and accepted (a prefix of them)."""
+        for n, a in zip(drafted, accepted):
+            if n > len(self.drafted_at):
+                grow = n - len(self.drafted_at)
+                self.drafted_at += [0] * grow
+                self.accepted_at += [0] * grow
+            for i in range(n):
+                self.drafted_at[i] += 1
+                self.accepted_at[i] += i < a
 
     @property
     def alpha(self) -> Optional[float]:
@@ -32,4 +46,6 @@ class SpecStats:
                 "drafted": self.drafted, "accepted": self.accepted, "alpha": self.alpha,
                 "acceptance_rate": self.acceptance_rate,
                 "tokens_per_target_step": self.decode_tokens / self.decode_seq_steps if self.decode_seq_steps else None,
-                "draft_seconds": round(self.draft_seconds, 4), "target_seconds": round(self.target_seconds, 4)}
+                "draft_seconds": round(self.draft_seconds, 4), "target_seconds": round(self.target_seconds, 4),
+                "acceptance_by_position": [a / d for a, d in zip(self.accepted_at, self.drafted_at)],
+                "speculating": self.speculating}

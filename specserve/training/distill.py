@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Optional
 
 import numpy as np
@@ -27,36 +27,11 @@ from tqdm.auto import tqdm
 
 from ..loading import load_model_files
 from ..models.eagle import EagleConfig, EagleNet
+from .config import DistillConfig
 from .corpus import build_corpus, function_prompts
 from .target import DenseTarget
 
 CKPT_FILE = "checkpoint.pt"
-
-
-@dataclass
-class DistillConfig:
-    out: str = "draft-train"  # workspace: token files, checkpoint, and the draft in out/draft
-    model: Optional[str] = None  # target; None: the embedded SmolLM2-135M-Instruct
-    corpus_tokens: int = 0  # stdlib tokens to use; 0: all of them
-    generate: int = 0  # function prompts the target continues greedily (self-distillation data)
-    gen_tokens: int = 128
-    gen_private: bool = False  # prompts from _private functions too (about 20% more)
-    draft_vocab: int = 8192  # size of the draft's reduced LM head (most frequent tokens of the data)
-    init_layer: int = -1  # target layer the draft's decoder layer starts from (-1: the last)
-    init_from: Optional[str] = None  # continue from an existing draft directory (its vocabulary is kept)
-    seq_len: int = 512
-    batch_size: int = 16
-    steps: int = 2000
-    lr: float = 1e-3
-    warmup: int = 100
-    w_reg: float = 0.1
-    noise: float = 0.05  # input feature noise, relative to each feature vector's RMS
-    gen_weight: float = 0.5  # share of each batch drawn from the target's generations (when there are any)
-    time_limit_s: float = 0  # stop early (and still write the draft) after this long; 0: no limit
-    checkpoint_every: int = 200
-    eval_batches: int = 8
-    device: str = "cpu"
-    seed: int = 0
 
 
 def _data(cfg: DistillConfig, tokenizer, log) -> tuple[np.ndarray, int]:

@@ -35,6 +35,34 @@ def test_unsupported_model_file_is_one_line(tmp_path):
     assert r.returncode == 2 and "bad.gguf" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+def test_a_corrupt_hf_checkpoint_is_one_line(tmp_path):
+    import json
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 8, "intermediate_size": 16,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "max_position_embeddings": 64}))
+    (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00garbage!")
+    r = run("generate", "x", "--model", str(tmp_path))
+    assert r.returncode == 2 and "safetensors" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.4, 1.0, 2.5])  # importing, loading torch, loading the model, generating
+def test_ctrl_c_at_any_moment_exits_130_quietly(delay):
+    """The installed `specserve` command (Python itself prints a traceback for a Ctrl-C in its first
+    ~50 ms, before any of our code runs)."""
+    import os
+    import signal
+    import time
+    exe = os.path.join(os.path.dirname(sys.executable), "specserve")
+    if not os.path.exists(exe):
+        pytest.skip("the specserve command is not installed beside this interpreter")
+    p = subprocess.Popen([exe, "generate", "def f(x):", "--max-tokens", "400", "--ignore-eos"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err == "", err[-500:]
+
+
 def test_plan_prints_placement_and_writes_json(tmp_path):
     import json
     out = tmp_path / "plan.json"
@@ -50,7 +78,12 @@ def test_plan_prints_placement_and_writes_json(tmp_path):
 @pytest.mark.parametrize("args,msg", [(["--models", "S9"], "unknown model or set"),
                                       (["--cluster", "1x1:8GB", "--models", "bert-6.7b:1"], "does not fit"),
                                       (["--workload", "trace:/no/such.csv"], "cannot read trace"),
-                                      (["--cluster", "lots"], "NODESxDEVICES:MEMORY")])
+                                      (["--cluster", "lots"], "NODESxDEVICES:MEMORY"),
+                                      (["--beam", "0"], "--beam: must be >= 1"),
+                                      (["--beam", "-3"], "--beam: must be >= 1"),
+                                      (["--slo-scale", "-1"], "--slo-scale: must be a finite number > 0"),
+                                      (["--workload", "gamma:rate=inf"], "finite numbers > 0"),
+                                      (["--workload", "gamma:rate=1e12"], "at most 100000 requests/s")])
 def test_plan_bad_input_is_one_line(args, msg):
     r = run("plan", *args)
     assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -38,6 +38,20 @@ def test_stop_strings_max_tokens_and_logprobs(embedded_llm):
     assert out.time_to_first_token > 0 and out.per_token_latency > 0
 
 
+def test_top_k_logprobs_match_a_fresh_prefill_at_every_position(embedded_llm):
+    """logprobs=k (vLLM's meaning): each position's k most likely tokens with their log-probabilities.
+    The decode steps' values equal those of a prefill of the same prefix (another code path)."""
+    prompt = embedded_llm.tokenizer.encode("def add(a, b):")
+    out = embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6, logprobs=5))[0].outputs[0]
+    assert len(out.top_logprobs) == len(out.token_ids) == len(out.logprobs)
+    for i, (tok, lp, top) in enumerate(zip(out.token_ids, out.logprobs, out.top_logprobs)):
+        ids, vals = list(top), list(top.values())
+        assert len(top) == 5 and ids[0] == tok and vals == sorted(vals, reverse=True) and abs(vals[0] - lp) < 1e-6
+        fresh = embedded_llm.generate(prompt + out.token_ids[:i], SamplingParams(temperature=0, max_tokens=1, logprobs=5))
+        ftop = fresh[0].outputs[0].top_logprobs[0]
+        assert list(ftop) == ids and all(abs(ftop[t] - top[t]) < 1e-4 for t in ids)
+
+
 def test_chat_uses_template_and_stops_at_eos(embedded_llm):
     out = embedded_llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                             SamplingParams(temperature=0, max_tokens=64))[0].outputs[0]

@@ -21,7 +21,7 @@ params = st.builds(
     stop=st.lists(st.text(min_size=1, max_size=3), max_size=2),
     stop_token_ids=st.lists(st.integers(0, 49151), max_size=2),
     ignore_eos=st.booleans(),
-    logprobs=st.booleans(),
+    logprobs=st.one_of(st.booleans(), st.integers(0, 20)),
 )
 one_prompt = st.one_of(st.text(min_size=1, max_size=40), st.lists(st.integers(0, 49151), min_size=1, max_size=20))
 prompts = st.one_of(one_prompt, st.lists(one_prompt, min_size=1, max_size=3))
@@ -39,7 +39,9 @@ def test_any_valid_request_generates_and_leaves_the_engine_clean(embedded_llm, p
         assert len(out.outputs) == p.n
         for o in out.outputs:
             assert 1 <= len(o.token_ids) <= p.max_tokens and o.finish_reason in ("stop", "length")
-            assert not p.logprobs or len(o.logprobs) == len(o.token_ids)
+            assert (o.logprobs is not None) == p.wants_logprobs and (o.top_logprobs is not None) == bool(p.num_top_logprobs)
+            assert not p.wants_logprobs or len(o.logprobs) == len(o.token_ids)
+            assert not p.num_top_logprobs or [len(t) for t in o.top_logprobs] == [p.num_top_logprobs] * len(o.token_ids)
     eng = embedded_llm.engine
     assert not eng.has_unfinished() and eng.scheduler.blocks.num_free_blocks == eng.scheduler.blocks.num_blocks
     assert embedded_llm.generate(PROMPT, GREEDY)[0].outputs[0].token_ids == reference

@@ -1,6 +1,7 @@
 """The engine survives bad input, failures, interrupts and concurrent callers: each case gets its
 one-line error (or the right answer), and afterwards the same LLM produces output token-identical to
 what it produced before (the engine is deterministic for greedy and seeded requests)."""
+import dataclasses
 import threading
 
 import pytest
@@ -17,8 +18,9 @@ def ids_of(outs):
 
 
 @pytest.fixture(scope="module")
-def reference(embedded_llm):
-    return ids_of(embedded_llm.generate([PROMPT, "Hello"], GREEDY))
+def reference():
+    """What a fresh LLM produces (its own object, so nothing any case did can leak into it)."""
+    return ids_of(LLM(kv_cache_gib=0.1).generate([PROMPT, "Hello"], GREEDY))
 
 
 def assert_clean(llm: LLM, reference):
@@ -27,6 +29,76 @@ def assert_clean(llm: LLM, reference):
     assert not eng.has_unfinished() and not eng._live and not eng._siblings
     assert eng.scheduler.blocks.num_free_blocks == eng.scheduler.blocks.num_blocks
     assert ids_of(llm.generate([PROMPT, "Hello"], GREEDY)) == reference
+
+
+def tampered(**fields):
+    """SamplingParams changed after construction (validation must run again at generate)."""
+    p = SamplingParams(temperature=0, max_tokens=4)
+    for k, v in fields.items():
+        object.__setattr__(p, k, v)
+    return p
+
+
+# Each case from the issue that reaches LLM.generate: (prompt, params, the one-line error's text).
+BAD_CALLS = {
+    "200k-token prompt": ([1] * 200_000, GREEDY, "the prompt has 200000 tokens; the model's context is"),
+    "out-of-range token id": ([1, 10**9], GREEDY, r"token ids must be in \[0"),
+    "negative token id": ([1, -1], GREEDY, r"token ids must be in \[0"),
+    "float token id": ([1, 2.0], GREEDY, "must be integers"),
+    "bool token id": ([True, 2], GREEDY, "must be integers"),
+    "empty prompt": ("", GREEDY, "empty"),
+    "an empty token list in a list": ([[]], GREEDY, "empty"),
+    "params not SamplingParams": (PROMPT, {"temperature": 0}, "params must be SamplingParams"),
+    "temperature nan (set later)": (PROMPT, tampered(temperature=float("nan")), "temperature must be a finite"),
+    "temperature inf (set later)": (PROMPT, tampered(temperature=float("inf")), "temperature must be a finite"),
+    "top_k 2.5 (set later)": (PROMPT, tampered(top_k=2.5), "top_k must be an integer"),
+    "stop [''] (set later)": (PROMPT, tampered(stop=[""]), "non-empty strings"),
+    "stop as a string (set later)": (PROMPT, tampered(stop="ab"), "must be lists"),
+    "seed -1 (set later)": (PROMPT, tampered(seed=-1), "seed must be an integer in"),
+    "seed 2**70 (set later)": (PROMPT, tampered(seed=2**70), "seed must be an integer in"),
+    "logprobs 50 (set later)": (PROMPT, tampered(logprobs=50), "logprobs must be"),
+    "max_tokens 0 (set later)": (PROMPT, tampered(max_tokens=0), "max_tokens must be"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_each_bad_call_gets_one_line_and_the_llm_stays_as_fresh(embedded_llm, reference, case):
+    prompt, params, match = BAD_CALLS[case]
+    with pytest.raises(ValueError, match=match) as e:
+        embedded_llm.generate(prompt, params)
+    assert "\n" not in str(e.value)
+    assert_clean(embedded_llm, reference)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(max_num_seqs=0), "max_num_seqs must be an integer >= 1"),
+    (dict(max_num_batched_tokens=0), "max_num_batched_tokens must be"),
+    (dict(kv_cache_gib=0), "kv_cache_gib must be a finite number"),
+    (dict(kv_cache_gib=-2), "kv_cache_gib must be a finite number"),
+    (dict(block_size=0), "block_size must be an integer >= 1"),
+    (dict(max_model_len=10**6), "max_model_len 1000000 exceeds the model's context"),
+    (dict(num_threads=0), "num_threads"),
+    (dict(speculative=dict(method="lookup", lookup_max_ngram=0)), "lookup_max_ngram must be an integer >= 1"),
+])
+def test_bad_engine_settings_are_refused_in_one_line(kw, match):
+    with pytest.raises(ValueError, match=match) as e:
+        LLM(**kw)
+    assert "\n" not in str(e.value)
+
+
+def test_a_request_the_cache_can_never_hold_is_refused_at_admission(reference):
+    """Refused before any token (not after producing some, output lost), naming the setting; the same
+    LLM then serves requests that fit, identically to a fresh one."""
+    llm = LLM(kv_cache_gib=0.01)  # 14 blocks of 16 tokens
+    with pytest.raises(ValueError, match=r"needs \d+ KV blocks but the cache has 14; raise kv_cache_gib") as e:
+        llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=500))
+    assert "\n" not in str(e.value)
+    assert_clean(llm, reference)
+    # the same request with its context capped: max_tokens beyond the context cannot make it bigger
+    small = LLM(kv_cache_gib=0.01, max_model_len=64)
+    out = small.generate(PROMPT, dataclasses.replace(GREEDY, max_tokens=10_000, ignore_eos=True))[0].outputs[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 64 - len(small.tokenizer.encode(PROMPT))
+    assert_clean(small, reference)
 
 
 def test_a_bad_prompt_late_in_the_list_queues_nothing(embedded_llm, reference):

@@ -62,16 +62,47 @@ def test_draft_model_drafter_with_the_target_as_its_own_draft_accepts_everything
         assert llm.generate(p, GREEDY)[0].outputs[0].token_ids == ref
 
 
-@pytest.mark.parametrize("method", ["draft", "lookup", "lookup+draft"])  # the last mixes q = one-hot and q = probs
-def test_seeded_sampling_repeats(method):
-    llm = LLM(speculative=dict(method=method, fallback=False), kv_cache_gib=0.25)
+@pytest.mark.parametrize("method, fallback", [("draft", False), ("lookup", False), ("lookup+draft", False),
+                                              ("draft", True)])  # lookup+draft mixes q = one-hot and q = probs
+def test_seeded_sampling_repeats(method, fallback):
+    """Same seed, same output, whatever the batch; with the cost-model fallback on too (a seeded
+    request's draft lengths follow its own acceptance and the batch-1 calibration only)."""
+    llm = LLM(speculative=dict(method=method, fallback=fallback), kv_cache_gib=0.25)
     params = SamplingParams(temperature=0.8, top_p=0.95, seed=5, max_tokens=40, ignore_eos=True)
     a = llm.generate(PROMPTS[:3], params)
     b = llm.generate(PROMPTS[:3], params)
     assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
     alone = llm.generate(PROMPTS[1], params)[0]  # same seed, other batch company
     assert alone.outputs[0].token_ids == a[1].outputs[0].token_ids
+    crowd = llm.generate(PROMPTS[:8], params)  # a batch of 8: the shared policy sees another batch size
+    assert [o.outputs[0].token_ids for o in crowd[:3]] == [o.outputs[0].token_ids for o in a]
     assert len({tuple(o.outputs[0].token_ids) for o in a}) == 3
+
+
+def test_top_k_logprobs_of_verified_tokens_equal_regular_decoding(embedded_llm):
+    """logprobs=k through the verify pass (a span of 1 + k rows per request) gives the same tokens,
+    the same top ids and the same values as plain decoding."""
+    params = SamplingParams(temperature=0, max_tokens=24, logprobs=3)
+    plain = embedded_llm.generate(PROMPTS[:4], params)
+    llm = LLM(speculative=dict(method="lookup", fallback=False), kv_cache_gib=0.25)
+    spec = llm.generate(PROMPTS[:4], params)
+    assert llm.spec_stats()["accepted"] > 0
+    for a, b in zip(plain, spec):
+        a, b = a.outputs[0], b.outputs[0]
+        assert a.token_ids == b.token_ids and [list(t) for t in a.top_logprobs] == [list(t) for t in b.top_logprobs]
+        assert all(abs(x - y) < 1e-4 for x, y in zip(a.logprobs, b.logprobs))
+        assert all(abs(s[t] - u[t]) < 1e-4 for s, u in zip(a.top_logprobs, b.top_logprobs) for t in s)
+
+
+def test_a_request_can_opt_out_of_speculation(reference):
+    import dataclasses
+    llm = LLM(speculative=dict(method="lookup", fallback=False), kv_cache_gib=0.25)
+    out = llm.generate(PROMPTS[:4], dataclasses.replace(GREEDY, speculative=False))
+    assert [o.outputs[0].token_ids for o in out] == reference[:4]
+    assert llm.spec_stats()["drafted"] == 0
+    mixed = llm.generate(PROMPTS[:4], [dataclasses.replace(GREEDY, speculative=False), GREEDY, GREEDY, GREEDY])
+    assert [o.outputs[0].token_ids for o in mixed] == reference[:4]
+    assert not mixed[0].outputs[0].drafted_per_step and llm.spec_stats()["drafted"] > 0
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -81,6 +112,9 @@ def test_seeded_sampling_repeats(method):
     (dict(policy="greedy"), "unknown draft-length policy"),
     (dict(attention="flash"), "unknown speculative attention"),
     (dict(speed="max"), "unknown speculative option"),
+    (dict(lookup_max_ngram=0), "lookup_max_ngram must be an integer >= 1"),
+    (dict(lookup_max_ngram=2.5), "lookup_max_ngram must be an integer >= 1"),
+    (dict(fallback="no"), "fallback must be True or False"),
 ])
 def test_bad_settings_fail_with_one_line(spec, message):
     with pytest.raises(ValueError, match=message) as e:

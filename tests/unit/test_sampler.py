@@ -16,15 +16,19 @@ def test_top_k_and_top_p_keep_the_right_tokens():
 
 def test_greedy_and_logprobs():
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 0.0]])
-    toks, lps = sample(logits, [SamplingParams(temperature=0)] * 2, [None, None], True)
+    toks, (lps, tops) = sample(logits, [SamplingParams(temperature=0, logprobs=2), SamplingParams(temperature=0, logprobs=True)],
+                               [None, None])
     assert toks == [1, 0]
-    torch.testing.assert_close(torch.tensor(lps), torch.log_softmax(logits, -1)[[0, 1], [1, 0]])
+    lsm = torch.log_softmax(logits, -1)
+    torch.testing.assert_close(torch.tensor(lps), lsm[[0, 1], [1, 0]])
+    assert list(tops[0]) == [1, 2] and abs(tops[0][2] - lsm[0, 2].item()) < 1e-6  # the 2 most likely, best first
+    assert sample(logits, [SamplingParams(temperature=0)] * 2, [None, None])[1] is None  # nobody asked
 
 
 def test_same_seed_same_tokens_and_frequencies_follow_probs():
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
     params = [SamplingParams(temperature=1.0)]
-    draws = lambda seed: [sample(logits, params, [g], False)[0][0]
+    draws = lambda seed: [sample(logits, params, [g])[0][0]
                           for g in [make_generator(seed, torch.device("cpu"))] for _ in range(2000)]
     a, b = draws(5), draws(5)
     assert a == b

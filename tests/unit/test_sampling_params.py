@@ -29,7 +29,9 @@ def test_stop_string_normalised():
     (dict(seed=2**70), "seed must be an integer in"),
     (dict(seed=2**63 - 1, n=2), "seed must be an integer in"),  # sample 1 would use 2**63
     (dict(seed=1.5), "seed must be an integer"),
-    (dict(logprobs=5), "logprobs must be True or False"),
+    (dict(logprobs=21), "logprobs must be True/False or an integer k in"),
+    (dict(logprobs=-1), "logprobs must be True/False or an integer k in"),
+    (dict(logprobs=2.0), "logprobs must be True/False or an integer k in"),
     (dict(max_tokens=2.0), "max_tokens must be an integer"),
     (dict(n=True), "n must be an integer"),
 ])
@@ -43,6 +45,8 @@ def test_edge_values_that_are_fine_stay_fine():
     p = SamplingParams(seed=0, top_k=0, stop=("a", "b"), stop_token_ids=(3,), temperature=0)
     assert p.stop == ["a", "b"] and p.stop_token_ids == [3] and p.greedy
     assert SamplingParams(seed=2**63 - 2, n=2).seed == 2**63 - 2
+    assert (SamplingParams(logprobs=5).num_top_logprobs, SamplingParams(logprobs=True).num_top_logprobs) == (5, 0)
+    assert SamplingParams(logprobs=0).wants_logprobs and not SamplingParams().wants_logprobs
 
 
 @pytest.mark.parametrize("cls, kw, match", [
@@ -75,3 +79,10 @@ def test_workloads_refuse_rates_that_cannot_be_simulated(workload, match):
     from specserve.planner.workload import parse_workload
     with pytest.raises(ValueError, match=match):
         parse_workload(workload, ["a"], 600.0, 0)
+
+
+def test_per_request_speculation_switch():
+    assert SamplingParams(speculative=False).speculative is False and SamplingParams().speculative is None
+    for bad in (True, 0, "no"):
+        with pytest.raises(ValueError, match="speculative must be None"):
+            SamplingParams(speculative=bad)

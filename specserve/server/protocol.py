@@ -1,0 +1,134 @@
+"""The OpenAI request bodies the server takes (pydantic), and their mapping onto SamplingParams.
+
+Fields follow OpenAI's API; `top_k` and `ignore_eos` are extras, as in vLLM. Unknown fields are
+ignored (clients send `user`, `frequency_penalty` = 0 and the like); values this engine cannot honour
+(penalties other than 0, `best_of` other than n, tools) get a 400 that says so.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..types import MAX_TOP_LOGPROBS, SamplingParams
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None  # extra (vLLM)
+    n: int = 1
+    stop: Union[str, list[str], None] = None
+    seed: Optional[int] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    ignore_eos: bool = False  # extra (vLLM)
+    speculative: Optional[bool] = None  # extra: false = never draft for this request (same tokens either way)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    def unsupported(self) -> Optional[str]:
+        if self.presence_penalty or self.frequency_penalty:
+            return "presence_penalty and frequency_penalty are not supported (only 0)"
+        return None
+
+    def sampling_params(self, default_max_tokens: int, logprobs: Union[bool, int]) -> SamplingParams:
+        """ValueError (one line) for values out of range, as SamplingParams validates them."""
+        return SamplingParams(
+            n=self.n, temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p, top_k=-1 if self.top_k is None else self.top_k,
+            max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens, seed=self.seed,
+            stop=self.stop, ignore_eos=self.ignore_eos, logprobs=logprobs, speculative=self.speculative)
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    logprobs: Optional[int] = None  # 0..5 in OpenAI's API (here up to MAX_TOP_LOGPROBS)
+    echo: bool = False
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+    def unsupported(self) -> Optional[str]:
+        if self.echo:
+            return "echo is not supported"
+        if self.suffix:
+            return "suffix is not supported"
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of other than n is not supported"
+        return super().unsupported()
+
+    def prompts(self) -> list[Union[str, list[int]]]:
+        p = self.prompt
+        if isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+    def logprobs_param(self) -> Union[bool, int]:
+        if self.logprobs is None:
+            return False
+        if not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
+        return self.logprobs
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Union[str, list[dict[str, Any]], None] = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:  # [{"type": "text", "text": ...}]: text parts only
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError("only text content parts are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    tools: Optional[list[Any]] = None
+    response_format: Optional[dict[str, Any]] = None
+
+    def unsupported(self) -> Optional[str]:
+        if self.tools:
+            return "tools are not supported"
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            return "response_format other than text is not supported yet"
+        return super().unsupported()
+
+    def logprobs_param(self) -> Union[bool, int]:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        if not self.logprobs:
+            return False
+        k = self.top_logprobs or 0
+        if not 0 <= k <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {k}")
+        return k
+
+    def sampling_params(self, default_max_tokens: int, logprobs: Union[bool, int]) -> SamplingParams:
+        if self.max_completion_tokens is not None and self.max_tokens is None:
+            self.max_tokens = self.max_completion_tokens
+        return super().sampling_params(default_max_tokens, logprobs)
+
+
+def error_body(message: str, type_: str, code: Optional[Union[int, str]] = None, param: Optional[str] = None) -> dict:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -1,0 +1,245 @@
+"""The OpenAI-compatible server on loopback, driven by the official `openai` client and raw HTTP:
+outputs token-identical to LLM.generate at temperature 0, streaming = non-streaming, n > 1 with seeds,
+real top logprobs, OpenAI error objects with the right statuses, no KV blocks left behind by clients
+that disconnect, and fuzzed bodies never answered with a 5xx."""
+import http.client
+import json
+import threading
+import time
+
+import pytest
+
+from specserve import SamplingParams
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+KEY = "test-key"
+PROMPTS = ["def add(a, b):", "The capital of France is", "import numpy as np\n"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    from specserve import AsyncLLM
+    from specserve.server.app import build_app
+    from specserve.server.config import ServerConfig
+
+    llm = AsyncLLM(kv_cache_gib=0.25)
+    app = build_app(llm, ServerConfig(api_key=KEY, max_concurrent_requests=24, max_n=4, max_body_bytes=64 * 1024))
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    deadline = time.time() + 60
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    port = srv.servers[0].sockets[0].getsockname()[1]
+    yield {"port": port, "llm": llm, "model": llm.model_name}
+    srv.should_exit = True
+    th.join(10)
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server['port']}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+def raw(server, method, path, body=None, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", server["port"], timeout=120)
+    h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json", **(headers or {})}
+    data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
+    conn.request(method, path, body=data, headers=h)
+    r = conn.getresponse()
+    out = r.status, r.read()
+    conn.close()
+    return out
+
+
+def blocks_in_use(server) -> int:
+    """KV blocks in use once the engine has gone idle (waits for in-flight aborts to land)."""
+    llm = server["llm"]
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        st = llm.stats
+        if st.running == 0 and st.waiting == 0 and st.kv_blocks_used == 0:
+            break
+        time.sleep(0.1)
+    return llm.stats.kv_blocks_used
+
+
+def test_completions_and_chat_equal_llm_generate_at_temperature_0(server, client, embedded_llm):
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    for prompt in PROMPTS:
+        want = embedded_llm.generate(prompt, greedy)[0].outputs[0]
+        got = client.completions.create(model=server["model"], prompt=prompt, max_tokens=24, temperature=0)
+        assert got.choices[0].text == want.text and got.usage.completion_tokens == len(want.token_ids)
+        assert got.choices[0].finish_reason == want.finish_reason
+        streamed = client.completions.create(model=server["model"], prompt=prompt, max_tokens=24, temperature=0,
+                                             stream=True, stream_options={"include_usage": True})
+        chunks = list(streamed)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
+        assert chunks[-1].usage.completion_tokens == len(want.token_ids)
+    conv = [{"role": "user", "content": "What is the capital of France?"}]
+    want = embedded_llm.chat(conv, SamplingParams(temperature=0, max_tokens=32))[0].outputs[0]
+    got = client.chat.completions.create(model=server["model"], messages=conv, max_tokens=32, temperature=0)
+    assert got.choices[0].message.content == want.text and got.choices[0].message.role == "assistant"
+    assert got.usage.completion_tokens == len(want.token_ids)
+    streamed = client.chat.completions.create(model=server["model"], messages=conv, max_tokens=32, temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == want.text
+
+
+def test_n_samples_with_a_seed_repeat_and_equal_llm_generate(server, client, embedded_llm):
+    params = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=16)
+    want = [o.text for o in embedded_llm.generate(PROMPTS[0], params)[0].outputs]
+    for _ in range(2):
+        got = client.completions.create(model=server["model"], prompt=PROMPTS[0], n=3, temperature=0.8, seed=5, max_tokens=16)
+        assert [c.text for c in sorted(got.choices, key=lambda c: c.index)] == want
+    assert len(set(want)) > 1
+    # several prompts at once: choice index = prompt * n + sample
+    got = client.completions.create(model=server["model"], prompt=PROMPTS[:2], n=2, temperature=0, max_tokens=8)
+    assert sorted(c.index for c in got.choices) == [0, 1, 2, 3]
+
+
+def test_top_logprobs_are_the_models(server, client, embedded_llm):
+    want = embedded_llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=6, logprobs=3))[0].outputs[0]
+    got = client.completions.create(model=server["model"], prompt=PROMPTS[0], max_tokens=6, temperature=0, logprobs=3)
+    lp = got.choices[0].logprobs
+    assert all(abs(a - b) < 1e-5 for a, b in zip(lp.token_logprobs, want.logprobs)) and len(lp.tokens) == 6
+    tok = embedded_llm.tokenizer
+    for top, ref in zip(lp.top_logprobs, want.top_logprobs):
+        assert list(top) == [tok.decode([i], skip_special_tokens=False) for i in ref]
+    conv = [{"role": "user", "content": "Say hi"}]
+    got = client.chat.completions.create(model=server["model"], messages=conv, max_tokens=4, temperature=0, logprobs=True,
+                                         top_logprobs=2)
+    content = got.choices[0].logprobs.content
+    assert len(content) == got.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
+    assert all(c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob for c in content)
+
+
+@pytest.mark.parametrize("case", ["no key", "bad json", "unknown model", "n too big", "prompt too long", "bad temperature",
+                                  "body too big", "unknown route", "empty messages", "penalty"])
+def test_errors_are_openai_error_objects_with_the_right_status(server, case):
+    m = server["model"]
+    status, body = {
+        "no key": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x"}, {"Authorization": ""}),
+        "bad json": lambda: raw(server, "POST", "/v1/completions", b'{"prompt": "x",'),
+        "unknown model": lambda: raw(server, "POST", "/v1/completions", {"model": "gpt-9", "prompt": "x"}),
+        "n too big": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "n": 99}),
+        "prompt too long": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": [1] * 9000}),
+        "bad temperature": lambda: raw(server, "POST", "/v1/chat/completions",
+                                       {"model": m, "messages": [{"role": "user", "content": "x"}], "temperature": -1}),
+        "body too big": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x" * 100_000}),
+        "unknown route": lambda: raw(server, "GET", "/v1/nothing"),
+        "empty messages": lambda: raw(server, "POST", "/v1/chat/completions", {"model": m, "messages": []}),
+        "penalty": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "presence_penalty": 1}),
+    }[case]()
+    want = {"no key": 401, "unknown model": 404, "body too big": 413, "unknown route": 404}.get(case, 400)
+    assert status == want, body
+    err = json.loads(body)["error"]
+    assert err["code"] == want and err["message"] and err["type"]
+
+
+def test_clients_that_disconnect_mid_stream_leave_no_blocks(server):
+    """16 streaming clients read a few events and hang up; their requests are aborted at once."""
+    def one(i):
+        conn = http.client.HTTPConnection("127.0.0.1", server["port"], timeout=60)
+        body = {"model": server["model"], "prompt": PROMPTS[i % 3], "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        conn.request("POST", "/v1/completions", body=json.dumps(body),
+                     headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200
+        for _ in range(3):
+            r.fp.readline()
+        conn.sock.close()  # gone mid-stream
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert blocks_in_use(server) == 0
+    status, body = raw(server, "GET", "/metrics")
+    assert status == 200 and b'specserve:kv_blocks_in_use 0.0' in body and b"specserve:time_to_first_token_seconds" in body
+
+
+def test_past_the_concurrency_limit_requests_get_429_not_a_crash(server):
+    results = []
+
+    def one():
+        results.append(raw(server, "POST", "/v1/completions",
+                           {"model": server["model"], "prompt": "x", "max_tokens": 60, "ignore_eos": True})[0])
+
+    threads = [threading.Thread(target=one) for _ in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert set(results) <= {200, 429} and 429 in results and 200 in results
+    assert blocks_in_use(server) == 0
+
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False) | st.text(max_size=8),
+                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=6)
+FIELDS = ["prompt", "messages", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream", "logprobs",
+          "top_logprobs", "stream_options", "ignore_eos", "echo", "best_of", "model"]
+# lengths stay short (a fuzzed 2**40 would be a valid, hours-long request, not a malformed one)
+lengths = st.one_of(st.integers(-3, 6), st.floats(-2, 6), st.text(max_size=3), st.booleans(), st.lists(st.integers(), max_size=2))
+bodies = st.fixed_dictionaries({}, optional={**{f: json_values for f in FIELDS}, "max_tokens": lengths,
+                                             "max_completion_tokens": lengths})
+
+
+@hypothesis.settings(max_examples=60, deadline=None, derandomize=True,
+                     suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture, hypothesis.HealthCheck.too_slow])
+@hypothesis.given(body=bodies, path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+                  base=st.sampled_from([{"max_tokens": 3}, {"prompt": "hi", "max_tokens": 3},
+                                        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}]))
+def test_fuzzed_bodies_never_get_a_5xx(server, body, path, base):
+    status, payload = raw(server, "POST", path, {**base, **body})
+    assert status < 500, payload
+    if status >= 400:
+        assert json.loads(payload)["error"]["code"] == status
+
+
+def test_short_load_run_has_no_errors_and_leaves_no_blocks(server):
+    """The CI-sized version of `python -m specserve.bench.load` (64 clients x 10 minutes is the command)."""
+    from specserve.bench.load import run_load
+    res = run_load(f"http://127.0.0.1:{server['port']}/v1", KEY, clients=16, seconds=15, hang_ups=16)
+    assert res["errors"] == 0, res["error_kinds"]
+    assert res["requests_ok"] >= 16 and res["hang_ups_started"] == 16 and res["kv_blocks_in_use_after"] == 0
+
+
+def test_async_llm_streams_aborts_by_id_and_refuses_duplicate_ids(server, embedded_llm):
+    import asyncio
+    llm = server["llm"]
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+
+    async def collect(rid=None, stop_after=None):
+        deltas = []
+        async for d in llm.generate(PROMPTS[0], greedy if stop_after is None else SamplingParams(max_tokens=500, ignore_eos=True),
+                                    request_id=rid):
+            deltas.append(d)
+            if stop_after is not None and len(deltas) == stop_after:
+                llm.abort(rid)
+        return deltas
+
+    deltas = asyncio.run(collect())
+    want = embedded_llm.generate(PROMPTS[0], greedy)[0].outputs[0]
+    assert [t for d in deltas for t in d.token_ids] == want.token_ids and "".join(d.text for d in deltas) == want.text
+    assert deltas[-1].finish_reason == want.finish_reason and all(not d.finished for d in deltas[:-1])
+    aborted = asyncio.run(collect("mine", stop_after=3))
+    assert aborted[-1].finish_reason == "abort" and len(aborted) < 50
+    assert blocks_in_use(server) == 0
+
+    async def duplicate():
+        first = llm.generate(PROMPTS[0], SamplingParams(max_tokens=200, ignore_eos=True), request_id="dup")
+        await first.__anext__()
+        try:
+            with pytest.raises(ValueError, match="already running"):
+                await llm.generate(PROMPTS[0], greedy, request_id="dup").__anext__()
+        finally:
+            await first.aclose()  # leaving early aborts it
+
+    asyncio.run(duplicate())
+    assert blocks_in_use(server) == 0
