@@ -9,6 +9,9 @@ written into their slots first. Two ways to serve a ragged batch (BASS, Qian et 
   * PAD (mode "pad"): every sequence's keys are gathered into one padded [B, Lmax] batch (queries
     padded to the longest span) and a single SDPA call serves the whole batch, padding masked out.
 Prefill-sized spans always take the padded path (one big batched product beats per-sequence calls).
+A batch that mixes both (a prompt chunk arriving while others decode: the serving steady state) is
+served as two groups, short spans by their path and long ones padded among themselves only; padding
+every decode row to the prompt chunk's length made such steps ~45x the work (tests/unit/test_paged_attention.py).
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ class AttentionMetadata:
     mode: str = "split"  # "split" | "pad": how a ragged batch of short spans is served
     _sdpa: Optional[tuple] = field(default=None, repr=False)
     _paged: Optional[tuple] = field(default=None, repr=False)
+    _groups: Optional[list] = field(default=None, repr=False)
 
     @property
     def num_seqs(self) -> int:
@@ -60,6 +64,26 @@ class AttentionMetadata:
         """SPLIT with short spans on the fp32 CPU path: the C++ kernel (also used by the fused layer)."""
         return self.mode == "split" and self.max_q_len <= PAGED_KERNEL_MAX_Q and self.device.type == "cpu" \
             and kernels.available()
+
+    def span_groups(self) -> Optional[list[tuple["AttentionMetadata", torch.Tensor]]]:
+        """[(short spans' metadata, their token rows), (long spans', theirs)] when the batch mixes spans
+        of at most PAGED_KERNEL_MAX_Q tokens with longer ones; None otherwise."""
+        short = [i for i, q in enumerate(self.q_lens) if q <= PAGED_KERNEL_MAX_Q]
+        if not short or len(short) == self.num_seqs:
+            return None
+        if self._groups is None:
+            starts = [0]
+            for q in self.q_lens:
+                starts.append(starts[-1] + q)
+            groups = []
+            for seqs in (short, [i for i in range(self.num_seqs) if self.q_lens[i] > PAGED_KERNEL_MAX_Q]):
+                rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in seqs]).to(self.device)
+                sub = AttentionMetadata([self.q_lens[i] for i in seqs], [self.kv_lens[i] for i in seqs],
+                                        [self.block_tables[i] for i in seqs], self.block_size, self.device,
+                                        self.slot_mapping[rows], self.mode)
+                groups.append((sub, rows))
+            self._groups = groups
+        return self._groups
 
     def paged_fields(self):
         """(block_tables [B, max_blocks], q_starts [B], q_lens [B], kv_lens [B]) as int64 CPU tensors."""
@@ -109,9 +133,20 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] for the new tokens; k_cache/v_cache [slots, Hkv, D] of this layer.
     Returns [T, H, D]."""
-    T, H, D = q.shape
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
+    return _attend(q, k_cache, v_cache, meta, scale)
+
+
+def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Attention of q [T, H, D] over the cache (the new keys already written) -> [T, H, D]."""
+    groups = meta.span_groups()
+    if groups is not None:  # short and long spans mixed: each group its own way
+        out = torch.empty_like(q)
+        for sub, rows in groups:
+            out[rows] = _attend(q[rows], k_cache, v_cache, sub, scale)
+        return out
+    T, H, D = q.shape
     if meta.use_paged_kernel and q.dtype == torch.float32 and D % 8 == 0:
         tables, q_starts, q_lens, kv_lens = meta.paged_fields()
         return kernels.ext().paged_attention(q.contiguous(), k_cache, v_cache, tables, q_starts, q_lens, kv_lens,

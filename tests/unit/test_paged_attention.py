@@ -25,12 +25,15 @@ def reference(q, k_cache, v_cache, tables):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("path", ["kernel", "sdpa"])
+@pytest.mark.parametrize("path", ["kernel", "sdpa", "mixed"])
 def test_ragged_paged_attention_matches_reference(path, monkeypatch):
-    if path == "kernel" and not kernels.available():
+    """mixed: spans of 1 take the short path, spans of 3 and 5 are padded among themselves only."""
+    if path in ("kernel", "mixed") and not kernels.available():
         pytest.skip("no block kernels")
     if path == "sdpa":
         monkeypatch.setattr(paged, "PAGED_KERNEL_MAX_Q", 0)
+    if path == "mixed":
+        monkeypatch.setattr(paged, "PAGED_KERNEL_MAX_Q", 2)
     g = torch.Generator().manual_seed(0)
     num_blocks = 40
     order = torch.randperm(num_blocks, generator=g).tolist()  # scattered, non-contiguous blocks
@@ -45,7 +48,14 @@ def test_ragged_paged_attention_matches_reference(path, monkeypatch):
     q = torch.randn(T, H, D, generator=g)
     k_new, v_new = torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
     meta = AttentionMetadata.build(Q_LENS, KV_LENS, tables, BS, torch.device("cpu"))
+    assert (meta.span_groups() is not None) == (path == "mixed")
     ours = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, D ** -0.5)
+    if path == "mixed":  # a decode row gets exactly what it gets in a batch of decode rows only
+        short = [0, 2]
+        rows = torch.tensor([0, 4])  # their token rows in the flat batch
+        alone = AttentionMetadata.build([Q_LENS[i] for i in short], [KV_LENS[i] for i in short], [tables[i] for i in short],
+                                        BS, torch.device("cpu"))
+        assert torch.equal(paged_attention(q[rows], k_new[rows], v_new[rows], k_cache, v_cache, alone, D ** -0.5), ours[rows])
     # the new tokens' K/V were written into their slots first
     torch.testing.assert_close(k_cache[meta.slot_mapping], k_new)
     torch.testing.assert_close(ours, reference(q, k_cache, v_cache, tables), rtol=1e-5, atol=1e-5)
