@@ -234,3 +234,19 @@ def test_lookups_are_not_timed_as_draft_model_steps():
     drafter.model_runs = True
     spec.propose([decoding("b")])
     assert spec.costs.draft_step_seconds(1) >= 0.005  # 10 ms over 2 passes, not over 3 lookup tokens
+
+
+def test_the_live_choice_follows_the_batch_size():
+    """On a machine where rows are nearly free at batch 1 and cost their share at batch 16, the cost
+    model drafts at batch 1, stops at 16, and drafts again when the batch shrinks back to 1, both as
+    predicted before any drafting step and from what drafting steps measured (the decoder's choice)."""
+    c = CostModel()
+    for rows, ms in {1: 10, 2: 11, 4: 13, 8: 17, 16: 25, 32: 45, 64: 85}.items():
+        c.record_calibration(rows, ms / 1e3)
+    c.record_draft(1, 1e-3)
+    c.record_draft(16, 3e-3)
+    c.record_acceptance(accepted=60, rejections=40)
+    assert c.best_len(1, 4) > 0 and c.best_len(16, 4) == 0 and c.best_len(1, 4) > 0
+    c.record_yield(1, tokens=2, draft_seconds=3e-3, step_seconds=11e-3)  # 2 tokens in 14 ms vs 1 in 10
+    c.record_yield(16, tokens=24, draft_seconds=6e-3, step_seconds=45e-3)  # 24 in 51 ms vs 16 in 25
+    assert c.drafting_pays(1) is True and c.drafting_pays(16) is False and c.drafting_pays(1) is True
