@@ -14,7 +14,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -75,9 +74,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=f"bench/results/threads-{time.strftime('%Y%m%d')}.md")
     args = ap.parse_args()
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((ln.split(":", 1)[1].strip() for ln in cpu.splitlines() if ln.startswith("Model name")), platform.processor())
-    flags = " ".join(f for f in ("avx2", "avx512f", "amx_tile") if f" {f}" in cpu)
+    from specserve.bench.machine import cpu
+    m = cpu()
+    model, flags = m["cpu"], " ".join(m["flags"])
     rows = []
     for label, env, threads, governor in VARIANTS:
         idle = run_variant(env, threads, governor, args.reps)

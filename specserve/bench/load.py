@@ -21,6 +21,8 @@ import sys
 import time
 import urllib.request
 
+from . import machine
+
 CHAT = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion in one sentence.",
         "List three prime numbers.", "How do I reverse a list in Python?", "What is 12 times 7?"]
 
@@ -161,9 +163,7 @@ def main():
         if server is not None:
             server.terminate()
             server.wait(30)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-                if ln.startswith("Model name")), "?")
-    res["cpu"], res["speculative"] = cpu, args.speculative
+    res.update(machine.cpu(), speculative=args.speculative)
     print(json.dumps(res, indent=1))
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

@@ -16,7 +16,6 @@ import asyncio
 import json
 import math
 import os
-import platform
 import random
 import socket
 import subprocess
@@ -25,6 +24,7 @@ import time
 import urllib.request
 from typing import Optional
 
+from . import machine
 from .humaneval import humaneval_prompts
 from .load import CHAT
 
@@ -173,11 +173,7 @@ def run_serve_bench(args) -> dict:
         finally:
             proc.terminate()
             proc.wait(30)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-                if ln.startswith("Model name")), platform.processor())
-    flags = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    out = {"machine": {"cpu": cpu, "cores": os.cpu_count(),
-                       "flags": [f for f in ("avx2", "avx512f", "amx_tile") if f" {f}" in flags]},
+    out = {"machine": {**machine.cpu(), "cores": os.cpu_count()},
            "settings": {k: getattr(args, k) for k in ("rates", "modes", "duration", "arrivals", "cv", "max_tokens", "slo_ttft",
                                                       "slo_tpot", "speculative", "seed")},
            "results": results}
