@@ -29,12 +29,16 @@ def test_a_load_waits_for_another_process_building_and_says_so():
     with open(os.path.join(build_dir, "specserve.lock"), "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)  # "another process is building"
         proc = subprocess.Popen([sys.executable, "-c", LOAD], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(3)
-        assert proc.poll() is None  # waiting, not loading half-built objects
+        # its notice comes just before it blocks (read, not slept for: importing torch may take seconds)
+        seen = []
+        while not seen or ("waiting for another process" not in seen[-1] and seen[-1]):
+            seen.append(proc.stderr.readline())  # "" at EOF: it exited without waiting
+        assert "waiting for another process" in seen[-1], seen
+        time.sleep(1)
+        assert proc.poll() is None  # still waiting, not loading half-built objects
         fcntl.flock(f, fcntl.LOCK_UN)
     out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and "loaded" in out
-    assert "waiting for another process" in err
+    assert proc.returncode == 0 and "loaded" in out, err
 
 
 def test_the_build_directory_is_keyed_by_checkout_and_interpreter():
