@@ -146,7 +146,7 @@ class AsyncLLM:
             while not self._closed:
                 self._drain()
                 if not eng.has_unfinished():
-                    self._publish()
+                    self._publish(stepped=False)
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
@@ -157,7 +157,7 @@ class AsyncLLM:
                     continue
                 for req, text in events:
                     self._emit(req, text)
-                self._publish()
+                self._publish(stepped=True)
         except BaseException as e:  # the loop itself broke: every caller hears of it
             self._dead = e
             self._fail_all(e)
@@ -227,12 +227,12 @@ class AsyncLLM:
         except RuntimeError:  # the caller's event loop is closed: nobody is listening
             pass
 
-    def _publish(self) -> None:
+    def _publish(self, stepped: bool) -> None:
         eng = self.engine
         bm = eng.scheduler.blocks
         spec = self._llm.spec_stats()
         self.stats = EngineStats(
             waiting=len(eng.scheduler.waiting), running=len(eng.scheduler.running),
             kv_blocks_used=bm.num_blocks - bm.num_free_blocks, kv_blocks_total=bm.num_blocks,
-            steps=self.stats.steps + 1, threads=eng.threads.threads if eng.threads is not None else 0,
+            steps=self.stats.steps + stepped,  # idle wake-ups are not steps threads=eng.threads.threads if eng.threads is not None else 0,
             spec=spec)
