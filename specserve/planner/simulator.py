@@ -142,6 +142,8 @@ def run_trace(arrival, model, slo, served, stage_lat, num_stages, extra_group, e
             while head[g] >= 0 and finish[head[g]] <= t:
                 head[g] = next_in_group[head[g]]
                 outstanding[g] -= 1
+            if head[g] < 0:
+                tail[g] = -1  # drained: the next request starts a new list (else it links from a stale tail)
             if outstanding[g] < best_count:
                 best, best_count = g, outstanding[g]
         finish[i] = np.nan

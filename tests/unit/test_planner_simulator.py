@@ -78,3 +78,37 @@ def test_scoring_one_added_replica_matches_simulating_it():
         finish, busy = np.empty(400), np.zeros((3, 2))
         assert score == run_trace(arrival, model, slo, with_it, lat, stages, -1, -1, lat[0, 0], finish, busy)
         assert 0 < score < 400
+
+
+# --- queues that drain and refill: the routing must count what is outstanding now --------------
+
+def test_a_drained_replica_takes_new_requests_again():
+    """Issue 17's case. Two groups serve a (1 s, SLO 1 s). By hand, fewest outstanding, ties to g0:
+    0->g0 (done 1), 1.5->g0 (2.5), 3->g0 (4), 3.5->g1 (4.5), 5->g0 (6), 5.2->g1 (6.2): all in SLO.
+    The old loop lost track of g0's queue once it drained and dropped the last request (0.833)."""
+    groups = [Group([0], {"a": [1.0]}), Group([1], {"a": [1.0]})]
+    res = simulate(groups, reqs([0, 1.5, 3, 3.5, 5, 5.2]), slo={"a": 1.0})
+    np.testing.assert_allclose(res.finish, [1.0, 2.5, 4.0, 4.5, 6.0, 6.2])
+    assert res.slo_attainment == 1.0
+    assert res.busy_time == {0: pytest.approx(4.0), 1: pytest.approx(2.0)}
+
+
+def test_replicas_drain_refill_and_drain_again():
+    """Two replicas, 1 s each, SLO 2.5 s; three bursts with idle gaps between them.
+    Burst 1 at 0 x4: g0, g1, g0, g1 -> 1, 1, 2, 2. Both drain by 2.
+    Burst 2 at 10 x5: g0 (11), g1 (11), g0 (12), g1 (12), g0 would end 13 (latency 3 > 2.5): dropped.
+    At 12.5 g0 and g1 hold nothing: g0 (13.5). At 12.6: g0 1, g1 0 -> g1 (13.6)."""
+    groups = [Group([0], {"a": [1.0]}), Group([1], {"a": [1.0]})]
+    res = simulate(groups, reqs([0, 0, 0, 0, 10, 10, 10, 10, 10, 12.5, 12.6]), slo={"a": 2.5})
+    want = [1, 1, 2, 2, 11, 11, 12, 12, np.nan, 13.5, 13.6]
+    np.testing.assert_allclose(res.finish, want)
+    assert res.num_good == 10
+
+
+def test_uneven_pipeline_drops_then_recovers():
+    """pp=2 stages [0.3, 0.7], SLO 2: 0 -> s0 0-0.3, s1 0.3-1.0; 0.1 -> s0 0.3-0.6, s1 1.0-1.7 (1.6);
+    0.2 -> s1 would run 1.7-2.4 (2.2 > 2): dropped; 2.0 -> s0 2.0-2.3, s1 2.3-3.0."""
+    g = Group([0, 1], {"a": [0.3, 0.7]}, pp=2)
+    res = simulate([g], reqs([0.0, 0.1, 0.2, 2.0]), slo={"a": 2.0})
+    np.testing.assert_allclose(res.finish, [1.0, 1.7, np.nan, 3.0])
+    assert res.busy_time == {0: pytest.approx(0.9), 1: pytest.approx(2.1)}
