@@ -11,8 +11,8 @@ import json
 import os
 import time
 
-from ..planner.cost_model import AnalyticCostModel, LayerProfile, MeasuredCostModel
-from ..planner.model_table import parse_cluster, parse_models
+from ..planner.cost_model import AnalyticCostModel, CostParams, LayerProfile, MeasuredCostModel
+from ..planner.model_table import ARTIFACT_MEMORY_BUDGET_GB, parse_cluster, parse_models
 from ..planner.placement import to_sim_groups
 from ..planner.search import POLICIES, SearchConfig, plan
 from ..planner.simulator import simulate
@@ -27,12 +27,28 @@ def _search_args(p) -> None:
                    help="models tried per greedy step, most SLO misses first (0: all)")
     p.add_argument("--group-candidates", type=int, default=d.group_candidates,
                    help="groups tried per model, least loaded first (0: all)")
-    p.add_argument("--bucket-ratio", type=float, default=d.bucket_ratio, help="latency jump that starts a new bucket")
+    p.add_argument("--bucket-threshold", type=float, default=d.bucket_threshold,
+                   help="relative latency difference within which models share a bucket (AlpaServe: 0.38)")
+    p.add_argument("--max-pp", type=positive_int, default=d.max_pp, help="most pipeline stages in a group")
+    p.add_argument("--max-op", type=positive_int, default=d.max_op, help="most intra-op shards (within a node)")
+    p.add_argument("--no-fill", dest="fill", action="store_false",
+                   help="stop a greedy fill at the first replica that does not raise the score "
+                        "(default: fill memory and keep the best placement seen)")
+    p.add_argument("--memory-budget", type=positive_float, default=ARTIFACT_MEMORY_BUDGET_GB,
+                   help="GB per device for weights (default %(default)g, AlpaServe's artifact on 16 GB V100s; "
+                        "capped at the device's memory)")
+    p.add_argument("--request-overhead", type=float, default=CostParams().request_overhead_s,
+                   help="fixed seconds per request added to the first stage (the table's latencies hold it: 0)")
 
 
 def _search_config(args) -> SearchConfig:
     return SearchConfig(beam=args.beam, model_candidates=args.model_candidates,
-                        group_candidates=args.group_candidates, bucket_ratio=args.bucket_ratio)
+                        group_candidates=args.group_candidates, bucket_threshold=args.bucket_threshold,
+                        max_pp=args.max_pp, max_op=args.max_op, fill=args.fill)
+
+
+def _cost_params(args) -> CostParams:
+    return CostParams(request_overhead_s=args.request_overhead)
 
 
 def add_plan_args(p) -> None:
@@ -55,6 +71,7 @@ def add_plan_args(p) -> None:
     s.add_argument("--axes", default="rate,cv,slo_scale,num_devices")
     s.add_argument("--cv", type=positive_float, default=2.0, help="CV of the base point")
     s.add_argument("--slo-scale", type=positive_float, default=5.0, help="SLO scale of the base point")
+    s.add_argument("--skew", type=float, default=0.0, help="power-law exponent of the per-model rates (0: even)")
     s.add_argument("--requests", type=positive_int, default=8000, help="requests per simulated point")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", default="bench/results/plan")
@@ -78,25 +95,26 @@ def cmd_plan(args) -> int:
     if args.plan_command == "replay":
         from .replay import cmd_replay
         return cmd_replay(args)
-    cluster = parse_cluster(args.cluster)
-    costs, extra = AnalyticCostModel(), {}
+    cluster = parse_cluster(args.cluster).with_budget(args.memory_budget)
+    costs, extra = AnalyticCostModel(_cost_params(args)), {}
     if args.profile:  # the profiled model joins the table under its name, e.g. --models embedded:4
         profile = LayerProfile.load(args.profile)
-        costs = MeasuredCostModel(profile, fallback=costs)
+        costs = MeasuredCostModel(profile, fallback=costs, request_overhead_s=args.request_overhead)
         extra = {profile.model: profile.spec()}
     instances = parse_models(args.models, extra)
     specs = dict(instances)
     need = sum(s.memory_gb for s in specs.values())
-    if need > cluster.num_devices * cluster.device_memory_gb:
-        print(f"note: the models need {need:.4g} GB, the cluster has {cluster.num_devices * cluster.device_memory_gb:.4g} "
-              f"GB: some cannot be placed and their requests fail")
+    if need > cluster.num_devices * cluster.budget_gb:
+        print(f"note: the models need {need:.4g} GB, the cluster has {cluster.num_devices * cluster.budget_gb:.4g} "
+              f"GB for weights: some cannot be placed and their requests fail")
     requests = parse_workload(args.workload, list(specs), args.duration, args.seed)
     slo = {m: args.slo_scale * s.latency_s for m, s in specs.items()}
     result = plan(args.policy, specs, cluster, requests, slo, costs, _search_config(args))
     sim = simulate(to_sim_groups(result.groups, specs, cluster, costs), requests, slo)
     util = sim.utilisation()
     out = {
-        "policy": result.policy, "cluster": args.cluster, "models": args.models, "workload": args.workload,
+        "policy": result.policy, "cluster": args.cluster, "memory_budget_gb": cluster.budget_gb,
+        "models": args.models, "workload": args.workload,
         "slo_scale": args.slo_scale, "num_requests": len(requests),
         "groups": [{"devices": g.devices, "pp": g.pp, "op": g.op, "models": g.models} for g in result.groups],
         "slo_attainment": sim.slo_attainment, "latency_p50_s": sim.latency_percentile(50),
@@ -130,7 +148,8 @@ def cmd_sweep(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     stamp, t0, lines = time.strftime("%Y%m%d-%H%M%S"), time.perf_counter(), []
     for s in sets:
-        cfg = SweepConfig(models=s, cluster=args.cluster, cv=args.cv, slo_scale=args.slo_scale,
+        cfg = SweepConfig(models=s, cluster=args.cluster, cv=args.cv, slo_scale=args.slo_scale, skew=args.skew,
+                          memory_budget_gb=args.memory_budget, request_overhead_s=args.request_overhead,
                           requests=args.requests, seed=args.seed, search=_search_config(args))
         result = sweep(cfg, axes)
         base = os.path.join(args.out, f"sweep-{s.lower()}-{stamp}")
@@ -142,9 +161,10 @@ def cmd_sweep(args) -> int:
     total = time.perf_counter() - t0
     md = os.path.join(args.out, f"sweep-{stamp}.md")
     with open(md, "w") as f:
-        f.write(f"# specserve plan sweep ({args.cluster}, base CV {args.cv:g}, SLO scale {args.slo_scale:g}; "
+        f.write(f"# specserve plan sweep ({args.cluster}, {args.memory_budget:g} GB for weights, base CV {args.cv:g}, "
+                f"SLO scale {args.slo_scale:g}, skew {args.skew:g}; "
                 f"{total:.0f} s in all)\n\n| set | axis | AlpaServe max at 99% | SR max at 99% | RR max at 99% "
-                f"| AlpaServe / SR | paper |\n|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+                f"| AlpaServe / SR | AlpaServe planning s (mean / max) | paper |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"summary: {md} (whole sweep {total:.0f} s)")
     return 0
@@ -164,8 +184,10 @@ def _summary_lines(name: str, result: dict) -> list[str]:
         pol = s["policies"]
         f = s["factor_alpaserve_over_sr"]
         factor = "-" if f is None else (">= " if s["factor_is_lower_bound"] else "") + f"{f:.2f}x"
+        times = [r["planning_time_s"] for r in result["rows"] if r["axis"] == axis and r["policy"] == "alpaserve"]
+        plan_s = f"{sum(times) / len(times):.1f} / {max(times):.1f}" if times else "-"
         out.append(f"| {name} | {axis} | {fmt(pol.get('alpaserve'))} | {fmt(pol.get('selective-replication'))} | "
-                   f"{fmt(pol.get('round-robin'))} | {factor} | {paper} |")
+                   f"{fmt(pol.get('round-robin'))} | {factor} | {plan_s} | {paper} |")
     return out
 
 

@@ -6,7 +6,8 @@ the weights' size. Model sets S1-S4 and the 8 x 8 V100 cluster are the paper's.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -39,15 +40,32 @@ MODEL_SETS = {
 }
 
 
+# What AlpaServe's artifact lets weights use on a 16 GB V100 (the rest: activations, the runtime).
+ARTIFACT_MEMORY_BUDGET_GB = 13.0
+
+
 @dataclass(frozen=True)
 class Cluster:
     nodes: int
     devices_per_node: int
     device_memory_gb: float
+    memory_budget_gb: Optional[float] = None  # weights per device; None: the whole device
 
     @property
     def num_devices(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @property
+    def budget_gb(self) -> float:
+        """Memory per device that placements may fill with weights."""
+        if self.memory_budget_gb is None:
+            return self.device_memory_gb
+        return min(self.device_memory_gb, self.memory_budget_gb)
+
+    def with_budget(self, budget_gb: Optional[float]) -> "Cluster":
+        if budget_gb is not None and not (0 < budget_gb < float("inf")):
+            raise ValueError(f"memory budget must be a positive number of GB, got {budget_gb!r}")
+        return replace(self, memory_budget_gb=budget_gb)
 
 
 def parse_cluster(spec: str) -> Cluster:

@@ -37,10 +37,10 @@ def to_sim_groups(plans: list[GroupPlan], specs: dict[str, ModelSpec], cluster: 
             raise ValueError(f"devices {bad} are used twice or are not in the {cluster.num_devices}-device cluster")
         seen.update(plan.devices)
         used = memory_used_gb(plan, specs, costs)
-        if used > cluster.device_memory_gb + 1e-9:
+        if used > cluster.budget_gb + 1e-9:
             raise ValueError(f"placement does not fit: group {plan.devices} (pp={plan.pp}, op={plan.op}) needs "
                              f"{used:.1f} GB per device for {len(plan.models)} models; devices have "
-                             f"{cluster.device_memory_gb:g} GB")
+                             f"{cluster.budget_gb:g} GB for weights")
         groups.append(Group(list(plan.devices),
                             {m: costs.costs(specs[m], plan.pp, plan.op).stage_latency_s for m in plan.models},
                             pp=plan.pp, op=plan.op))

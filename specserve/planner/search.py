@@ -1,21 +1,26 @@
 """Placement policies: round-robin, selective replication, and AlpaServe's search.
 
-AlpaServe (section 4.2, Algorithms 1 and 2):
-- bucket models of similar latency (a new bucket where sorted latencies jump by more than
-  `bucket_ratio`) and split the devices among buckets; buckets share no models and no devices,
-  so each bucket's placement is searched alone and the split that serves the most requests wins;
-- inside a bucket, enumerate ways to cut its devices into equal groups with a parallel configuration
-  (power-of-two group sizes, every pp x op factorisation the cost model offers);
-- fill each candidate by greedy model selection: repeatedly add the replica that most raises
-  simulated SLO attainment, memory permitting, with a beam of the best partial placements.
+AlpaServe (section 4.2, Algorithms 1 and 2), with the semantics of the authors' artifact
+(`alpa-projects/mms`, placement_policy/):
+- buckets: models join the first bucket whose first model's latency is within 38% of theirs
+  (`bucket_threshold`); each bucket gets its own devices, searched alone, and the device split
+  that scores best wins; the unbucketed search (all models on all devices) competes with it;
+- group layouts: groups of one power-of-two size (inside a node, or whole nodes), each pp x op
+  with pp <= 8 and op <= 4 (shards stay within a node), and the devices left over as pipelines of
+  powers of two (the artifact's `enumerate_group_configs_uneven`);
+- each layout is filled greedily, one replica a step, the replica that scores best in simulation,
+  until no replica fits in memory; the best placement seen on the way is kept (a later step may
+  lose attainment, and a full placement is not always the best);
+- scores compare requests within SLO, then lower mean latency, then more replicas (the artifact's
+  `goodput - latency_mean / 1e4 + replicas / 1e6`, as a lexicographic order).
 
-Greedy selection as written simulates every (model, group) pair at every step; with 70 models on
-64 devices that is thousands of simulations per replica. Two prunings keep a full sweep within
-minutes: each step tries only the `model_candidates` models with the most requests missing their
-SLO, and for each only the `group_candidates` least-loaded groups it fits in, one per set of
-interchangeable groups (same configuration, same models). 0 turns a pruning off.
+Scoring every (model, group) pair at every step is thousands of simulations per replica with 70
+models on 64 devices. Two prunings keep a full sweep within minutes: each step tries the
+`model_candidates` models with the most requests missing their SLO (then, when none is missing,
+those with the most requests per replica), and for each the `group_candidates` least-loaded groups
+it fits in, one per set of interchangeable groups (same configuration, same models). 0: all.
 
-Selective replication is the greedy fill with every device its own group (a model too big for one
+Selective replication is the same fill with every device its own group (a model too big for one
 device gets the smallest pipeline it fits in, as AlpaServe's baseline does); round-robin ignores
 the workload.
 """
@@ -40,16 +45,37 @@ class SearchConfig:
     beam: int = 1
     model_candidates: int = 4  # models tried per greedy step, most SLO misses first (0: all)
     group_candidates: int = 4  # groups tried per model, least loaded first (0: all)
-    bucket_ratio: float = 2.0  # latency jump that starts a new bucket
+    bucket_threshold: float = 0.38  # relative latency difference within which models share a bucket
     device_unit: int = 0  # bucket device counts are multiples of this (0: devices per node)
+    max_pp: int = 8
+    max_op: int = 4
+    fill: bool = True  # keep adding replicas until memory is full (False: stop when a step does not improve)
 
     def __post_init__(self):
-        for name, lowest in (("beam", 1), ("model_candidates", 0), ("group_candidates", 0), ("device_unit", 0)):
+        for name, lowest in (("beam", 1), ("model_candidates", 0), ("group_candidates", 0), ("device_unit", 0),
+                             ("max_pp", 1), ("max_op", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lowest:
                 raise ValueError(f"{name.replace('_', '-')} must be an integer >= {lowest}, got {v!r}")
-        if not (isinstance(self.bucket_ratio, (int, float)) and 1 < self.bucket_ratio < float("inf")):
-            raise ValueError(f"bucket-ratio must be a finite number > 1, got {self.bucket_ratio!r}")
+        if not (isinstance(self.bucket_threshold, (int, float)) and 0 < self.bucket_threshold < float("inf")):
+            raise ValueError(f"bucket-threshold must be a finite number > 0, got {self.bucket_threshold!r}")
+
+
+@dataclass(frozen=True)
+class Score:
+    """What a placement achieves on the planning trace; additive over buckets (they share nothing)."""
+
+    good: int = 0  # requests within SLO
+    latency_sum: float = 0.0  # seconds, over those requests
+    replicas: int = 0
+
+    def key(self) -> tuple:
+        """Order: more requests within SLO, then lower mean latency, then more replicas."""
+        mean = self.latency_sum / self.good if self.good else 0.0
+        return (self.good, -mean, self.replicas)
+
+    def __add__(self, other: "Score") -> "Score":
+        return Score(self.good + other.good, self.latency_sum + other.latency_sum, self.replicas + other.replicas)
 
 
 @dataclass
@@ -62,47 +88,59 @@ class PlanResult:
 
 
 class _Bucket:
-    """Some models on groups of one parallel configuration, in the arrays the event loop reads."""
+    """Some models on groups of given parallel configurations, in the arrays the event loop reads."""
 
     def __init__(self, models: list[str], specs: dict[str, ModelSpec], trace: Trace, slo: dict[str, float],
-                 costs, num_groups: int, pp: int, op: int, capacity_gb: float):
-        self.models, self.trace = models, trace.subset(models)
+                 costs, configs: list[tuple[int, int]], capacity_gb: float):
+        self.models, self.trace, self.configs = models, trace.subset(models), configs
         self.slo = np.asarray([slo[m] for m in models], dtype=np.float64)
-        per_model = [costs.costs(specs[m], pp, op) for m in models]
-        num_stages = max(len(c.stage_latency_s) for c in per_model)
-        lat = np.zeros((len(models), num_stages))
-        for i, c in enumerate(per_model):
-            lat[i, :len(c.stage_latency_s)] = c.stage_latency_s
-        self.lat = np.broadcast_to(lat, (num_groups, len(models), num_stages)).copy()  # [G, M, P]
-        self.mem = np.asarray([c.memory_per_device_gb for c in per_model])  # [M] GB per device
-        self.num_stages = np.full(num_groups, num_stages, dtype=np.int64)
+        per_cfg = {cfg: [costs.costs(specs[m], *cfg) for m in models] for cfg in set(configs)}
+        num_stages = max(len(c.stage_latency_s) for cs in per_cfg.values() for c in cs)
+        G, M = len(configs), len(models)
+        self.lat = np.zeros((G, M, num_stages))  # [G, M, P] seconds per stage
+        self.mem = np.zeros((G, M))  # [G, M] GB per device
+        self.num_stages = np.zeros(G, dtype=np.int64)
+        for g, cfg in enumerate(configs):
+            for i, c in enumerate(per_cfg[cfg]):
+                self.lat[g, i, :len(c.stage_latency_s)] = c.stage_latency_s
+                self.mem[g, i] = c.memory_per_device_gb
+            self.num_stages[g] = max(len(c.stage_latency_s) for c in per_cfg[cfg])
         self.capacity = capacity_gb + 1e-9
-        self.requests = np.bincount(self.trace.model, minlength=len(models))  # [M]
-        self.work = self.requests * lat.max(axis=1)  # [M] bottleneck-stage seconds a group spends on m
+        self.requests = np.bincount(self.trace.model, minlength=M)  # [M]
+        self.work = self.requests * self.lat.max(axis=2)  # [G, M] bottleneck-stage seconds group g spends on m
         self.simulations = 0
 
-    def good(self, served: np.ndarray) -> tuple[int, np.ndarray]:
-        """Requests within SLO, in total and per model [M]."""
+    def score(self, served: np.ndarray) -> tuple[Score, np.ndarray]:
+        """The placement's score and its requests within SLO per model [M]."""
         finish = np.empty(len(self.trace))
         busy = np.zeros((served.shape[0], self.lat.shape[2]))
         total = run_trace(self.trace.arrival, self.trace.model, self.slo, served, self.lat, self.num_stages,
                           -1, -1, self.lat[0, 0], finish, busy)
         self.simulations += 1
         ok = ~np.isnan(finish)
-        return int(total), np.bincount(self.trace.model[ok], minlength=len(self.models))
+        lat = float((finish[ok] - self.trace.arrival[ok]).sum())
+        return Score(int(total), lat, int(served.sum())), np.bincount(self.trace.model[ok], minlength=len(self.models))
+
+    def fits(self, served: np.ndarray) -> np.ndarray:
+        """[G, M] bool: model m is not on group g and fits beside what g holds."""
+        used = (served * self.mem).sum(axis=1)  # [G]
+        return ~served & (used[:, None] + self.mem <= self.capacity)
 
     def candidates(self, served: np.ndarray, per_model_good: np.ndarray, cfg: SearchConfig) -> list[tuple[int, int]]:
         """(group, model) additions worth simulating from this placement."""
         missing = self.requests - per_model_good
         order = [int(m) for m in np.argsort(-missing, kind="stable") if missing[m] > 0]
-        used = served @ self.mem  # [G]
-        load = served @ self.work  # [G]
+        if cfg.fill:  # then the rest, busiest per replica first
+            per_replica = self.requests / (served.sum(axis=0) + 1)
+            order += [int(m) for m in np.argsort(-per_replica, kind="stable") if missing[m] <= 0]
+        fits = self.fits(served)
+        load = (served * self.work).sum(axis=1)  # [G]
         out = []
         for m in order:
-            fits = np.flatnonzero(~served[:, m] & (used + self.mem[m] <= self.capacity))
+            where = np.flatnonzero(fits[:, m])
             seen, groups = set(), []
-            for g in fits[np.argsort(load[fits], kind="stable")]:
-                key = served[g].tobytes()  # groups with the same models are interchangeable
+            for g in where[np.argsort(load[where], kind="stable")]:
+                key = (self.configs[g], served[g].tobytes())  # same configuration and models: interchangeable
                 if key not in seen:
                     seen.add(key)
                     groups.append(int(g))
@@ -113,8 +151,8 @@ class _Bucket:
                     break
         return out
 
-    def greedy(self, served: np.ndarray, cfg: SearchConfig) -> tuple[np.ndarray, int]:
-        best_good, per_model = self.good(served)
+    def greedy(self, served: np.ndarray, cfg: SearchConfig) -> tuple[np.ndarray, Score]:
+        best_score, per_model = self.score(served)
         best, frontier = served, [(served, per_model)]
         while frontier:
             scored = []
@@ -124,42 +162,61 @@ class _Bucket:
                     continue
                 g_idx = np.asarray([g for g, _ in cands], dtype=np.int64)
                 m_idx = np.asarray([m for _, m in cands], dtype=np.int64)
-                goods = score_additions(self.trace.arrival, self.trace.model, self.slo, state, self.lat,
-                                        self.num_stages, g_idx, m_idx, self.lat[g_idx, m_idx])
+                goods, lat_sums = score_additions(self.trace.arrival, self.trace.model, self.slo, state, self.lat,
+                                                  self.num_stages, g_idx, m_idx, self.lat[g_idx, m_idx])
                 self.simulations += len(cands)
-                scored += [(int(v), state, g, m) for v, g, m in zip(goods, g_idx, m_idx)]
-            scored.sort(key=lambda c: -c[0])
+                replicas = int(state.sum()) + 1
+                scored += [(Score(int(v), float(s), replicas), state, g, m)
+                           for v, s, g, m in zip(goods, lat_sums, g_idx, m_idx)]
+            scored.sort(key=lambda c: c[0].key(), reverse=True)
             top = scored[:cfg.beam]
-            if not top or top[0][0] <= best_good:
+            if not top or (not cfg.fill and top[0][0].key() <= best_score.key()):
                 break
             frontier = []
             for _, state, g, m in top:
                 new = state.copy()
                 new[g, m] = True
-                frontier.append((new, self.good(new)[1]))
-            best_good, best = top[0][0], frontier[0][0]
-        return best, best_good
+                frontier.append((new, self.score(new)[1]))
+            if top[0][0].key() > best_score.key():
+                best_score, best = top[0][0], frontier[0][0]
+        return best, best_score
 
 
-def partitions(num_devices: int, costs=None) -> list[tuple[int, int, int]]:
-    """(group size, pp, op) with power-of-two group sizes dividing the devices."""
+def layouts(num_devices: int, devices_per_node: int, costs=None, max_pp: int = 8,
+            max_op: int = 4) -> list[list[tuple[int, int]]]:
+    """Ways to cut the devices into groups, each a list of (pp, op) per group: groups of one
+    power-of-two size (at most a node, or whole nodes) with every pp x op within the caps, and the
+    devices left over as pipelines of powers of two (13 = 4 + 4 + 4 + 1)."""
+    def ok(pp, op):
+        return costs is None or costs.supports(pp, op)
+
     out, size = [], 1
     while size <= num_devices:
-        if num_devices % size == 0:
-            out += [(size, pp, size // pp) for pp in range(1, size + 1)
-                    if size % pp == 0 and (costs is None or costs.supports(pp, size // pp))]
+        if size <= devices_per_node or size % devices_per_node == 0:
+            rest = num_devices % size
+            remainder = [1 << b for b in reversed(range(rest.bit_length())) if rest >> b & 1]
+            if all(ok(r, 1) for r in remainder):
+                for pp in (p for p in range(1, size + 1) if size % p == 0):
+                    op = size // pp
+                    if pp <= max_pp and op <= max_op and ok(pp, op):
+                        out.append([(pp, op)] * (num_devices // size) + [(r, 1) for r in remainder])
         size *= 2
     return out
 
 
-def buckets(specs: dict[str, ModelSpec], ratio: float) -> list[list[str]]:
-    """Models sorted by latency, cut where the latency grows by more than `ratio`."""
-    order = sorted(specs, key=lambda m: specs[m].latency_s)
-    out = [[order[0]]] if order else []
-    for prev, m in zip(order, order[1:]):
-        if specs[m].latency_s > ratio * specs[prev].latency_s:
-            out.append([])
-        out[-1].append(m)
+def buckets(specs: dict[str, ModelSpec], threshold: float = 0.38) -> list[list[str]]:
+    """Models in order, each joining the first bucket whose first model's latency is within
+    `threshold` of its own (relative to that first model's), else starting a new bucket."""
+    out: list[list[str]] = []
+    for m in specs:
+        lat = specs[m].latency_s
+        for b in out:
+            first = specs[b[0]].latency_s
+            if abs(lat - first) / first < threshold:
+                b.append(m)
+                break
+        else:
+            out.append([m])
     return out
 
 
@@ -168,63 +225,63 @@ class _Planner:
         self.specs, self.cluster, self.trace, self.slo, self.costs, self.cfg = specs, cluster, trace, slo, costs, cfg
         self.simulations = 0
 
-    def fill(self, models: list[str], num_devices: int, size: int, pp: int, op: int) -> tuple[int, list[GroupPlan]]:
-        """Greedy fill of num_devices / size groups (device ids relative to 0)."""
-        num_groups = num_devices // size
-        b = _Bucket(models, self.specs, self.trace, self.slo, self.costs, num_groups, pp, op,
-                    self.cluster.device_memory_gb)
-        served, good = b.greedy(np.zeros((num_groups, len(models)), dtype=np.bool_), self.cfg)
+    def fill(self, models: list[str], configs: list[tuple[int, int]]) -> tuple[Score, list[GroupPlan]]:
+        """Greedy fill of groups with these (pp, op), laid out on devices 0.. in order."""
+        b = _Bucket(models, self.specs, self.trace, self.slo, self.costs, configs, self.cluster.budget_gb)
+        served, score = b.greedy(np.zeros((len(configs), len(models)), dtype=np.bool_), self.cfg)
         self.simulations += b.simulations
-        plans = [GroupPlan(list(range(g * size, (g + 1) * size)), pp, op, [models[m] for m in np.flatnonzero(served[g])])
-                 for g in range(num_groups)]
-        return good, plans
+        plans, first = [], 0
+        for g, (pp, op) in enumerate(configs):
+            plans.append(GroupPlan(list(range(first, first + pp * op)), pp, op,
+                                   [models[m] for m in np.flatnonzero(served[g])]))
+            first += pp * op
+        return score, plans
 
-    def best_partition(self, models: list[str], num_devices: int) -> tuple[int, list[GroupPlan]]:
-        best = (-1, [GroupPlan([d], 1, 1) for d in range(num_devices)])  # nothing fits: devices stay empty
-        total = int(np.isin(self.trace.model, [self.trace.models.index(m) for m in models]).sum())
-        for size, pp, op in partitions(num_devices, self.costs):
-            if all(self.costs.costs(self.specs[m], pp, op).memory_per_device_gb > self.cluster.device_memory_gb
-                   for m in models):
-                continue  # no model of the bucket fits in such a group
-            good, plans = self.fill(models, num_devices, size, pp, op)
-            if good > best[0]:
-                best = (good, plans)
-            if good == total:
-                break  # every request of the bucket meets its SLO: nothing left to beat
-        return max(best[0], 0), best[1]
+    def best_layout(self, models: list[str], num_devices: int) -> tuple[Score, list[GroupPlan]]:
+        best = (Score(-1), [GroupPlan([d], 1, 1) for d in range(num_devices)])  # nothing fits: devices stay empty
+        per_node = min(self.cluster.devices_per_node, num_devices)
+        for configs in layouts(num_devices, per_node, self.costs, self.cfg.max_pp, self.cfg.max_op):
+            if all(self.costs.costs(self.specs[m], pp, op).memory_per_device_gb > self.cluster.budget_gb
+                   for m in models for pp, op in set(configs)):
+                continue  # no model of the bucket fits in any group of this layout
+            score, plans = self.fill(models, configs)
+            if score.key() > best[0].key():
+                best = (score, plans)
+        return (best[0] if best[0].good >= 0 else Score()), best[1]
 
-    def split_devices(self, bucketing: list[list[str]], evaluate) -> tuple[int, list[GroupPlan]]:
-        """Give each bucket a multiple of `unit` devices so that the most requests meet their SLO.
+    def split_devices(self, bucketing: list[list[str]], evaluate) -> tuple[Score, list[GroupPlan]]:
+        """Give each bucket a multiple of `unit` devices so that the placement scores best.
         Buckets share nothing, so each (bucket, device count) is evaluated once: a knapsack."""
         n = self.cluster.num_devices
         unit = self.cfg.device_unit or self.cluster.devices_per_node
         unit = unit if n % unit == 0 and n >= unit * len(bucketing) else 1
         cache = {}
-        table = {0: (0, [])}  # devices used by the buckets so far -> (good, plans)
+        table = {0: (Score(), [])}  # devices used by the buckets so far -> (score, plans)
         for bi, models in enumerate(bucketing):
             nxt = {}
             last = bi == len(bucketing) - 1
-            for used, (good0, plans0) in table.items():
+            for used, (score0, plans0) in table.items():
                 for d in range(unit, n - used - (len(bucketing) - bi - 1) * unit + 1, unit):
                     if last and used + d != n:
                         continue
                     if (bi, d) not in cache:
                         cache[bi, d] = evaluate(models, d)
-                    good, plans = cache[bi, d]
+                    score, plans = cache[bi, d]
                     shifted = [GroupPlan([x + used for x in p.devices], p.pp, p.op, p.models) for p in plans]
-                    if used + d not in nxt or good0 + good > nxt[used + d][0]:
-                        nxt[used + d] = (good0 + good, plans0 + shifted)
+                    total = score0 + score
+                    if used + d not in nxt or total.key() > nxt[used + d][0].key():
+                        nxt[used + d] = (total, plans0 + shifted)
             table = nxt
-        return table.get(n, (-1, []))
+        return table.get(n, (Score(-1), []))
 
     def alpaserve(self) -> list[GroupPlan]:
-        cut = buckets(self.specs, self.cfg.bucket_ratio)
+        cut = buckets(self.specs, self.cfg.bucket_threshold)
         options = [[list(self.specs)]] + ([cut] if len(cut) > 1 else [])
-        return max((self.split_devices(b, self.best_partition) for b in options), key=lambda r: r[0])[1]
+        return max((self.split_devices(b, self.best_layout) for b in options), key=lambda r: r[0].key())[1]
 
     def min_group_size(self, model: str) -> int:
         size = 1
-        while self.costs.costs(self.specs[model], size, 1).memory_per_device_gb > self.cluster.device_memory_gb:
+        while self.costs.costs(self.specs[model], size, 1).memory_per_device_gb > self.cluster.budget_gb:
             size *= 2
         return size
 
@@ -237,8 +294,8 @@ class _Planner:
         def evaluate(models, d):
             size = min(self.min_group_size(m) for m in models)
             if d % size:
-                return 0, [GroupPlan([x], 1, 1) for x in range(d)]
-            return self.fill(models, d, size, size, 1)
+                return Score(), [GroupPlan([x], 1, 1) for x in range(d)]
+            return self.fill(models, [(size, 1)] * (d // size))
         return self.split_devices([by_size[k] for k in sorted(by_size)], evaluate)[1]
 
     def round_robin(self) -> list[GroupPlan]:
@@ -252,7 +309,7 @@ class _Planner:
             for m in self.specs:
                 for k in range(n):
                     g = (d + k) % n
-                    if m not in groups[g].models and used[g] + mem[m] <= self.cluster.device_memory_gb + 1e-9:
+                    if m not in groups[g].models and used[g] + mem[m] <= self.cluster.budget_gb + 1e-9:
                         groups[g].models.append(m)
                         used[g] += mem[m]
                         d, placed = (g + 1) % n, True
@@ -269,11 +326,11 @@ def plan(policy: str, specs: dict[str, ModelSpec], cluster: Cluster, requests, s
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (supported: {', '.join(POLICIES)})")
     n = cluster.num_devices
-    too_big = [m for m, spec in specs.items() if spec.memory_gb / n > cluster.device_memory_gb]
+    too_big = [m for m, spec in specs.items() if spec.memory_gb / n > cluster.budget_gb]
     if too_big:
         spec = specs[too_big[0]]
         raise ValueError(f"model {too_big[0]} ({spec.memory_gb:g} GB) does not fit even split over all {n} devices "
-                         f"of {cluster.device_memory_gb:g} GB")
+                         f"with {cluster.budget_gb:g} GB each for weights (--memory-budget)")
     trace = requests if isinstance(requests, Trace) else Trace.from_requests(requests, list(specs))
     planner = _Planner(specs, cluster, trace, slo, costs, cfg)
     groups = {"alpaserve": planner.alpaserve, "selective-replication": planner.selective_replication,

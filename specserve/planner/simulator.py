@@ -174,15 +174,22 @@ def run_trace(arrival, model, slo, served, stage_lat, num_stages, extra_group, e
 
 @numba.njit(cache=True, parallel=True)
 def score_additions(arrival, model, slo, served, stage_lat, num_stages, add_group, add_model, add_lat):
-    """Requests within SLO for each one-replica change (add_group[c], add_model[c], add_lat[c]) -> [C]."""
+    """For each one-replica change (add_group[c], add_model[c], add_lat[c]): the requests within SLO
+    and the sum of their latencies (the search's tie-break) -> ([C] int64, [C] float64)."""
     num = add_group.shape[0]
     good = np.zeros(num, np.int64)
+    lat_sum = np.zeros(num, np.float64)
     for c in numba.prange(num):
         finish = np.empty(arrival.shape[0], np.float64)
         busy = np.zeros((served.shape[0], stage_lat.shape[2]), np.float64)
         good[c] = run_trace(arrival, model, slo, served, stage_lat, num_stages, add_group[c], add_model[c],
                             add_lat[c], finish, busy)
-    return good
+        total = 0.0
+        for i in range(arrival.shape[0]):
+            if finish[i] == finish[i]:  # not NaN: served
+                total += finish[i] - arrival[i]
+        lat_sum[c] = total
+    return good, lat_sum
 
 
 def simulate(groups: Sequence[Group], requests: Union[Trace, Sequence[Arrival]], slo: dict[str, float]) -> SimResult:

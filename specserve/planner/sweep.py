@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
+from typing import Optional
 
 from tqdm import tqdm
 
-from .model_table import Cluster, parse_cluster, parse_models
+from .cost_model import AnalyticCostModel, CostParams
+from .model_table import ARTIFACT_MEMORY_BUDGET_GB, Cluster, parse_cluster, parse_models
 from .search import SearchConfig, plan
 from .simulator import Trace
 from .workload import multi_model
@@ -36,6 +38,9 @@ class SweepConfig:
     rate: float = 0.0  # base point; 0: the set's default (DEFAULT_RATES)
     cv: float = 2.0
     slo_scale: float = 5.0
+    skew: float = 0.0  # power-law exponent of per-model rates (0: even)
+    memory_budget_gb: Optional[float] = ARTIFACT_MEMORY_BUDGET_GB  # None: the whole device
+    request_overhead_s: float = 0.0
     requests: int = 8000  # per point: the duration is chosen to give about this many
     seed: int = 0
     rate_factors: tuple = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -66,12 +71,15 @@ def run_point(cfg: SweepConfig, cluster: Cluster, point: SweepPoint, policy: str
     per_node = cluster.devices_per_node
     if point.num_devices > per_node and point.num_devices % per_node:
         raise ValueError(f"{point.num_devices} devices is not a whole number of {per_node}-device nodes")
-    sub = Cluster(max(1, point.num_devices // per_node), min(per_node, point.num_devices), cluster.device_memory_gb)
+    sub = Cluster(max(1, point.num_devices // per_node), min(per_node, point.num_devices), cluster.device_memory_gb,
+                  cfg.memory_budget_gb)
     duration = cfg.requests / point.rate
-    trace = Trace.from_requests(multi_model(list(specs), point.rate, point.cv, duration, cfg.seed), list(specs))
+    trace = Trace.from_requests(multi_model(list(specs), point.rate, point.cv, duration, cfg.seed, skew=cfg.skew),
+                                list(specs))
     slo = {m: point.slo_scale * s.latency_s for m, s in specs.items()}
     t0 = time.perf_counter()
-    result = plan(policy, specs, sub, trace, slo, cfg=cfg.search)
+    costs = AnalyticCostModel(CostParams(request_overhead_s=cfg.request_overhead_s))
+    result = plan(policy, specs, sub, trace, slo, costs=costs, cfg=cfg.search)
     return {**asdict(point), "policy": policy, "slo_attainment": result.slo_attainment,
             "planning_time_s": time.perf_counter() - t0, "num_requests": len(trace),
             "configs": sorted({f"{len(g.devices)}x(pp{g.pp},op{g.op})" for g in result.groups if g.models})}

@@ -36,11 +36,21 @@ def poisson_arrivals(rate: float, duration: float, rng: np.random.Generator) -> 
     return gamma_arrivals(rate, 1.0, duration, rng)
 
 
+def power_law_weights(n: int, skew: float) -> np.ndarray:
+    """Share of the total rate per model: proportional to rank^-skew (0: even). AlpaServe's
+    synthetic workloads give models power-law rates, a few popular models and a long tail."""
+    if not (math.isfinite(skew) and skew >= 0):
+        raise ValueError(f"skew must be a finite number >= 0, got {skew!r}")
+    w = np.arange(1, n + 1, dtype=float) ** -skew
+    return w / w.sum()
+
+
 def multi_model(models: Sequence[str], rate: float, cv: float, duration: float, seed: int,
-                weights: Optional[Sequence[float]] = None) -> list[Arrival]:
-    """Total `rate` split over models (evenly, or by `weights`), each its own Gamma(rate_i, cv) process."""
+                weights: Optional[Sequence[float]] = None, skew: float = 0.0) -> list[Arrival]:
+    """Total `rate` split over models (evenly, by power-law `skew` in model order, or by `weights`),
+    each its own Gamma(rate_i, cv) process."""
     rng = np.random.default_rng(seed)
-    w = np.ones(len(models)) if weights is None else np.asarray(weights, dtype=float)
+    w = power_law_weights(len(models), skew) if weights is None else np.asarray(weights, dtype=float)
     w = w / w.sum()
     reqs = [Arrival(float(t), m) for m, wi in zip(models, w) for t in gamma_arrivals(rate * wi, cv, duration, rng)]
     reqs.sort(key=lambda r: r.arrival)
@@ -100,7 +110,8 @@ def _parse_time(s: str) -> float:
 
 
 def parse_workload(spec: str, models: list[str], duration: float, seed: int) -> list[Arrival]:
-    """A workload named on the command line: gamma:rate=R,cv=C, poisson:rate=R or trace:PATH."""
+    """A workload named on the command line: gamma:rate=R,cv=C[,skew=A], poisson:rate=R[,skew=A] or
+    trace:PATH. skew: per-model rates proportional to rank^-A (0, the default: even)."""
     kind, _, rest = spec.partition(":")
     if kind == "trace":
         return load_trace(rest, models, seed=seed)
@@ -108,13 +119,16 @@ def parse_workload(spec: str, models: list[str], duration: float, seed: int) -> 
         kv = {k.strip(): float(v) for k, v in (item.split("=") for item in rest.split(",") if item.strip())}
     except ValueError:
         raise ValueError(f"workload {spec!r}: expected KIND:key=value,... e.g. gamma:rate=20,cv=4") from None
-    if not all(math.isfinite(v) and v > 0 for v in kv.values()):
-        raise ValueError(f"workload {spec!r}: rate and cv must be finite numbers > 0")
+    unknown = set(kv) - {"rate", "cv", "skew"}
+    if unknown:
+        raise ValueError(f"workload {spec!r}: unknown keys {sorted(unknown)} (known: rate, cv, skew)")
+    if not all(math.isfinite(v) and (v > 0 or (k == "skew" and v == 0)) for k, v in kv.items()):
+        raise ValueError(f"workload {spec!r}: rate and cv must be finite numbers > 0, skew >= 0")
     if "rate" in kv and (kv["rate"] > MAX_RATE or kv["rate"] * duration > MAX_ARRIVALS):
         raise ValueError(f"workload {spec!r}: at most {MAX_RATE:g} requests/s and {MAX_ARRIVALS:g} arrivals in all "
                          f"(rate x duration = {kv['rate'] * duration:g})")
     if kind == "gamma" and "rate" in kv:
-        return multi_model(models, kv["rate"], kv.get("cv", 1.0), duration, seed)
-    if kind == "poisson" and "rate" in kv:
-        return multi_model(models, kv["rate"], 1.0, duration, seed)
-    raise ValueError(f"workload {spec!r}: expected gamma:rate=R,cv=C, poisson:rate=R or trace:PATH")
+        return multi_model(models, kv["rate"], kv.get("cv", 1.0), duration, seed, skew=kv.get("skew", 0.0))
+    if kind == "poisson" and "rate" in kv and "cv" not in kv:
+        return multi_model(models, kv["rate"], 1.0, duration, seed, skew=kv.get("skew", 0.0))
+    raise ValueError(f"workload {spec!r}: expected gamma:rate=R,cv=C[,skew=A], poisson:rate=R[,skew=A] or trace:PATH")

@@ -12,9 +12,15 @@ BERT67 = MODEL_TABLE["bert-6.7b"]
 
 def test_analytic_costs_by_hand():
     c = analytic_costs(BERT67, pp=2, op=1, params=CostParams(intra_overhead=0.1, boundary_s=0.002))
-    assert c.stage_latency_s == pytest.approx([0.395 / 2 + 0.002] * 2) and c.memory_per_device_gb == pytest.approx(6.7)
+    # pp - 1 boundaries: every stage but the last sends its activations on
+    assert c.stage_latency_s == pytest.approx([0.395 / 2 + 0.002, 0.395 / 2])
+    assert c.memory_per_device_gb == pytest.approx(6.7)
     c = analytic_costs(BERT67, pp=1, op=4, params=CostParams(intra_overhead=0.1, boundary_s=0.002))
     assert c.stage_latency_s == pytest.approx([0.395 / 4 * 1.3]) and c.memory_per_device_gb == pytest.approx(3.35)
+    c = analytic_costs(BERT67, pp=4, op=1, params=CostParams(boundary_s=0.002, request_overhead_s=0.012))
+    assert c.stage_latency_s == pytest.approx([0.395 / 4 + 0.014] + [0.395 / 4 + 0.002] * 2 + [0.395 / 4])
+    with pytest.raises(ValueError, match="request-overhead"):
+        CostParams(request_overhead_s=-1)
     with pytest.raises(ValueError):
         analytic_costs(BERT67, pp=0, op=1)
 

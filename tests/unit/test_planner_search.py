@@ -2,7 +2,7 @@
 import pytest
 
 from specserve.planner.model_table import MODEL_TABLE, parse_cluster
-from specserve.planner.search import partitions, plan
+from specserve.planner.search import layouts, plan
 from specserve.planner.workload import multi_model
 
 BERT67 = MODEL_TABLE["bert-6.7b"]
@@ -10,8 +10,18 @@ SPECS = {"a": BERT67, "b": BERT67}
 SLO = {m: 5 * BERT67.latency_s for m in SPECS}
 
 
-def test_partitions_are_power_of_two_groups_with_every_factorisation():
-    assert partitions(4) == [(1, 1, 1), (2, 1, 2), (2, 2, 1), (4, 1, 4), (4, 2, 2), (4, 4, 1)]
+def test_layouts_follow_the_authors_enumeration():
+    assert layouts(4, 8) == [[(1, 1)] * 4, [(1, 2)] * 2, [(2, 1)] * 2, [(1, 4)], [(2, 2)], [(4, 1)]]
+    # 6 devices: groups of 4 leave 2 as a pipeline; groups of 1 and 2 divide evenly
+    assert [(4, 1)] + [(2, 1)] in layouts(6, 8) and [(2, 2), (2, 1)] in layouts(6, 8)
+    # 13 = 8 + 4 + 1 with size-8 groups; op never above 4, pp never above 8
+    assert [(2, 4), (4, 1), (1, 1)] in layouts(13, 8)
+    for layout in layouts(64, 8):
+        assert sum(pp * op for pp, op in layout) == 64
+        regular = layout[0]
+        assert regular[0] <= 8 and regular[1] <= 4
+    # a group bigger than a node is whole nodes: no 16-device group on 12-device nodes
+    assert not any(pp * op == 16 for layout in layouts(24, 12) for pp, op in layout[:1])
 
 
 def test_round_robin_one_model_per_device_when_only_one_fits():
@@ -41,9 +51,48 @@ def test_buckets_cut_at_latency_jumps():
     from specserve.planner.model_table import parse_models
     from specserve.planner.search import buckets
     specs = dict(parse_models("bert-1.3b:1,moe-1.3b:1,bert-6.7b:1,bert-104b:1"))
-    # latencies 0.150, 0.151, 0.395, 4.6 s
-    assert buckets(specs, 2.0) == [["moe-1.3b#0", "bert-1.3b#0"], ["bert-6.7b#0"], ["bert-104b#0"]]
-    assert buckets(specs, 3.0) == [["moe-1.3b#0", "bert-1.3b#0", "bert-6.7b#0"], ["bert-104b#0"]]
+    # latencies 0.151, 0.150, 0.395, 4.6 s; a model joins the first bucket whose first model is within 38%
+    assert buckets(specs) == [["bert-1.3b#0", "moe-1.3b#0"], ["bert-6.7b#0"], ["bert-104b#0"]]
+    assert buckets(specs, 2.0) == [["bert-1.3b#0", "moe-1.3b#0", "bert-6.7b#0"], ["bert-104b#0"]]
+    # measured against the bucket's first model, not the last one added: 0.171 joins 0.151 (13%),
+    # 0.234 is 55% above 0.151 and starts its own
+    specs = dict(parse_models("bert-1.3b:1,moe-2.4b:1,moe-5.3b:1"))
+    assert buckets(specs) == [["bert-1.3b#0", "moe-2.4b#0"], ["moe-5.3b#0"]]
+
+
+def test_scores_order_goodput_then_latency_then_replicas():
+    from specserve.planner.search import Score
+    assert Score(10, 50.0, 1).key() > Score(9, 1.0, 9).key()
+    assert Score(10, 5.0, 1).key() > Score(10, 6.0, 9).key()  # same goodput: lower mean latency
+    assert Score(10, 5.0, 3).key() > Score(10, 5.0, 2).key()  # then more replicas
+    assert (Score(2, 1.0, 1) + Score(3, 2.0, 2)) == Score(5, 3.0, 3)
+
+
+def test_the_fill_uses_memory_and_keeps_the_best_placement():
+    """Four models, 16 devices: stopping at the first step that does not improve leaves memory
+    unused; the fill goes on until nothing fits and keeps the best placement it saw."""
+    from specserve.planner.model_table import parse_models
+    from specserve.planner.search import SearchConfig
+    specs = dict(parse_models("bert-1.3b:4"))
+    slo = {m: 5 * s.latency_s for m, s in specs.items()}
+    reqs = multi_model(list(specs), 20.0, 2.0, 300, 0)
+    cluster = parse_cluster("2x8:16GB").with_budget(13)
+    greedy = plan("selective-replication", specs, cluster, reqs, slo, cfg=SearchConfig(fill=False))
+    filled = plan("selective-replication", specs, cluster, reqs, slo)
+    used = lambda r: sum(len(g.models) for g in r.groups)  # noqa: E731
+    assert used(filled) > used(greedy)
+    assert used(filled) == 16 * 4  # every device holds 4 (4 x 2.4 GB <= 13 GB; a 5th model does not exist)
+    assert filled.slo_attainment >= greedy.slo_attainment
+
+
+def test_memory_budget_caps_what_a_device_holds():
+    from specserve.planner.model_table import parse_models
+    specs = dict(parse_models("bert-1.3b:6"))  # 2.4 GB: six fit in 16 GB, five in 13 GB
+    slo = {m: 5 * s.latency_s for m, s in specs.items()}
+    reqs = multi_model(list(specs), 4.0, 1.0, 100, 0)
+    for budget, most in ((None, 6), (13.0, 5)):
+        r = plan("round-robin", specs, parse_cluster("1x2:16GB").with_budget(budget), reqs, slo)
+        assert max(len(g.models) for g in r.groups) == most
 
 
 def test_selective_replication_gives_a_too_big_model_its_smallest_pipeline():

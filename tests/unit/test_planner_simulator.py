@@ -70,13 +70,14 @@ def test_scoring_one_added_replica_matches_simulating_it():
     lat = rng.uniform(0.05, 0.4, (3, 3, 2))
     stages = np.array([2, 2, 2])
     adds = [(0, 1), (2, 0), (2, 2), (1, 0)]
-    got = score_additions(arrival, model, slo, served, lat, stages, np.array([g for g, _ in adds]),
+    got, lat_sums = score_additions(arrival, model, slo, served, lat, stages, np.array([g for g, _ in adds]),
                           np.array([m for _, m in adds]), np.stack([lat[g, m] for g, m in adds]))
-    for (g, m), score in zip(adds, got):
+    for (g, m), score, lat_sum in zip(adds, got, lat_sums):
         with_it = served.copy()
         with_it[g, m] = True
         finish, busy = np.empty(400), np.zeros((3, 2))
         assert score == run_trace(arrival, model, slo, with_it, lat, stages, -1, -1, lat[0, 0], finish, busy)
+        assert lat_sum == pytest.approx(np.nansum(finish - arrival))
         assert 0 < score < 400
 
 

@@ -66,7 +66,8 @@ def test_engine_configs_validate_their_fields(cls, kw, match):
 
 
 @pytest.mark.parametrize("kw, match", [(dict(beam=0), "beam must be"), (dict(beam=-3), "beam must be"),
-                                       (dict(bucket_ratio=1.0), "bucket-ratio"), (dict(model_candidates=-1), "model-candidates")])
+                                       (dict(bucket_threshold=0.0), "bucket-threshold"), (dict(model_candidates=-1), "model-candidates"),
+                                       (dict(max_op=0), "max-op")])
 def test_planner_search_config_validates(kw, match):
     from specserve.planner.search import SearchConfig
     with pytest.raises(ValueError, match=match):
@@ -74,7 +75,8 @@ def test_planner_search_config_validates(kw, match):
 
 
 @pytest.mark.parametrize("workload, match", [("gamma:rate=inf", "finite numbers > 0"), ("gamma:rate=1e12", "at most"),
-                                             ("poisson:rate=-1", "finite numbers > 0"), ("gamma:rate=5,cv=nan", "finite")])
+                                             ("poisson:rate=-1", "finite numbers > 0"), ("gamma:rate=5,cv=nan", "finite"),
+                                             ("gamma:rate=5,skew=-1", "skew >= 0"), ("gamma:rate=5,cvv=2", "unknown keys")])
 def test_workloads_refuse_rates_that_cannot_be_simulated(workload, match):
     from specserve.planner.workload import parse_workload
     with pytest.raises(ValueError, match=match):
