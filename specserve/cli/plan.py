@@ -164,7 +164,8 @@ def cmd_sweep(args) -> int:
         f.write(f"# specserve plan sweep ({args.cluster}, {args.memory_budget:g} GB for weights, base CV {args.cv:g}, "
                 f"SLO scale {args.slo_scale:g}, skew {args.skew:g}; "
                 f"{total:.0f} s in all)\n\n| set | axis | AlpaServe max at 99% | SR max at 99% | RR max at 99% "
-                f"| AlpaServe / SR | AlpaServe planning s (mean / max) | paper |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+                f"| AlpaServe / SR | AlpaServe planning s (mean / max) | paper |\n|---|---|---|---|---|---|---|---|\n"
+                + "\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"summary: {md} (whole sweep {total:.0f} s)")
     return 0
