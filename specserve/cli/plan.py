@@ -4,6 +4,7 @@
   specserve plan sweep --models S1,S2,S3-fit     attainment vs rate / CV / SLO scale / devices, PNG + JSON
   specserve plan example                         the two-model example (dedicated vs model-parallel)
   specserve plan replay --profile p.json         a real 2-process pipeline vs the simulator
+  specserve plan --llm                           LLM mode: does a draft beside its target beat another replica?
 """
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ def add_plan_args(p) -> None:
     p.add_argument("--profile", default=None, help="measured cost model from `specserve profile` (else analytic)")
     p.add_argument("--json", default=None, help="write the placement and its metrics here")
     _search_args(p)
+    from .plan_llm import add_llm_args
+    add_llm_args(p)
     sub = p.add_subparsers(dest="plan_command", parser_class=type(p))
 
     s = sub.add_parser("sweep", help="SLO attainment vs rate, CV, SLO scale and devices for every policy")
@@ -95,6 +98,9 @@ def cmd_plan(args) -> int:
     if args.plan_command == "replay":
         from .replay import cmd_replay
         return cmd_replay(args)
+    if args.llm:
+        from .plan_llm import cmd_plan_llm
+        return cmd_plan_llm(args)
     cluster = parse_cluster(args.cluster).with_budget(args.memory_budget)
     costs, extra = AnalyticCostModel(_cost_params(args)), {}
     if args.profile:  # the profiled model joins the table under its name, e.g. --models embedded:4

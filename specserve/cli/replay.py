@@ -25,7 +25,10 @@ def add_profile_args(p) -> None:
     p.add_argument("--model", default=None, help="GGUF file or HF directory (default: the embedded model)")
     p.add_argument("--tokens", type=int, default=16, help="prompt length of one request")
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--out", default="bench/results/plan/profile-cpu.json")
+    p.add_argument("--out", default=None, help="default: bench/results/plan/profile-cpu.json "
+                                                 "(--llm: bench/results/plan/llm-profile-cpu.json)")
+    p.add_argument("--llm", action="store_true",
+                   help="time whole passes over 1..1024 tokens instead (the LLM mode of `specserve plan --llm`)")
 
 
 def cmd_profile(args):
@@ -33,6 +36,9 @@ def cmd_profile(args):
 
     if args.tokens < 1 or args.reps < 1:
         raise ValueError("--tokens and --reps must be >= 1")
+    if args.llm:
+        return _profile_llm(args)
+    args.out = args.out or "bench/results/plan/profile-cpu.json"
     prof = profile_model(args.model, tokens=args.tokens, reps=args.reps)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     prof.save(args.out)
@@ -184,3 +190,18 @@ def _plot(rows, workloads, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _profile_llm(args) -> int:
+    from ..bench.passes import profile_passes
+
+    out = args.out or "bench/results/plan/llm-profile-cpu.json"
+    prof = profile_passes(args.model, reps=min(args.reps, 3))
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    prof.save(out)
+    for n, t in zip(prof.tokens, prof.seconds):
+        print(f"{n:6d} tokens  {t * 1e3:9.2f} ms")
+    print(f"weights {prof.weights_gb * 1e3:.1f} MB, KV {prof.kv_gb_per_token * 1e9 / 1024:.1f} KiB per token; "
+          f"draft: {prof.meta.get('draft', 'none')}")
+    print(out)
+    return 0

@@ -103,11 +103,34 @@ def test_plan_example_and_sweep_write_figures_and_json(tmp_path):
     assert {row["axis"] for row in sweep["rows"]} == {"rate", "cv"} and next(tmp_path.glob("sweep-*.png"))
 
 
+def test_plan_llm_compares_drafts_with_replicas(tmp_path):
+    """The LLM mode on a synthetic profile (memory-bound up to 16 tokens) and a draft with alpha 0.8."""
+    import json
+
+    from specserve.planner.llm import PassProfile
+    prof = tmp_path / "passes.json"
+    PassProfile("embedded", [1, 16, 1024], [0.010, 0.010, 0.640], 0.1, 4.6e-5,
+                {"draft": {"weights_gb": 0.008, "kv_gb_per_token": 1.5e-6}}).save(str(prof))
+    bench = tmp_path / "spec.json"
+    bench.write_text(json.dumps({"tables": {"greedy": [{"alpha": 0.8, "c": 0.12}]}}))
+    r = run("plan", "--llm", "--llm-profile", str(prof), "--spec-bench", str(bench), "--scenarios", "interactive",
+            "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "speculation-aware placement raises attainment" in r.stdout, r.stdout
+    j = json.loads(next(tmp_path.glob("llm-*.json")).read_text())["scenarios"]["interactive"]
+    assert j["speculation-aware"]["slo_attainment"] > j["no drafts"]["slo_attainment"]
+    assert any(d["drafts"] for d in j["speculation-aware"]["devices"])
+    r = run("plan", "--llm", "--llm-profile", str(tmp_path / "none.json"))
+    assert r.returncode == 2 and "specserve profile --llm" in r.stderr
+
+
 @pytest.mark.parametrize("args,msg", [(["sweep", "--axes", "speed"], "unknown axes"),
                                       (["sweep", "--models", "S1,S7"], "unknown model or set 's7'"),
                                       (["replay", "--placements", "spread"], "unknown placement 'spread'"),
                                       (["replay", "--workloads", "burst:3"], "expected KIND:key=value"),
-                                      (["--profile", "/no/profile.json"], "cannot read profile")])
+                                      (["--profile", "/no/profile.json"], "cannot read profile"),
+                                      (["--llm", "--scenarios", "chat"], "unknown scenarios"),
+                                      (["--memory-budget", "0"], "--memory-budget: must be")])
 def test_plan_subcommands_bad_input_is_one_line(args, msg):
     r = run("plan", *args)
     assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1

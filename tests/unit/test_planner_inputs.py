@@ -82,5 +82,6 @@ def test_planner_imports_no_torch():
     import sys
     code = ("import sys, specserve.planner.simulator, specserve.planner.workload, specserve.planner.model_table, "
             "specserve.planner.search, specserve.planner.sweep, specserve.planner.cost_model, specserve.planner.placement, "
+            "specserve.planner.reference, specserve.planner.llm, specserve.planner.llm_search, "
             "specserve.kv.block_manager, specserve.scheduler.scheduler; print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

@@ -1,0 +1,60 @@
+"""Forward-pass time vs the tokens in the pass, measured through the public `LLM` API: the cost
+table of the planner's LLM mode (`specserve profile --llm`, read by `specserve plan --llm`).
+
+Small passes are timed as decode steps (b sequences, one token each: the engine's decode path),
+large ones as prefills of one prompt (one chunk), which is what passes of those sizes are when
+serving. One thread: a planner device is one core of this machine.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from ..planner.llm import PassProfile
+
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
+PREFILL_TOKENS = (64, 128, 256, 512, 1024)
+_STEPS = 16  # decode steps timed per batch
+
+
+def profile_passes(model=None, reps: int = 3, threads: int = 1) -> PassProfile:
+    from .. import LLM, SamplingParams
+    from ..drafters.draft_model import default_draft_path
+    from ..loading import EMBEDDED_FILE, resolve_model_path
+
+    llm = LLM(model, num_threads=threads, max_num_batched_tokens=2048)
+    vocab = llm.engine.arch.vocab_size
+    ids = lambda n, seed: [(seed * 7919 + i * 104729) % (vocab - 100) + 100 for i in range(n)]  # noqa: E731
+
+    def timed(prompts, max_tokens):
+        p = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        t0 = time.perf_counter()
+        llm.generate(prompts, p)
+        return time.perf_counter() - t0
+
+    def median(prompts, max_tokens):
+        timed(prompts, max_tokens)  # warm-up
+        return statistics.median(timed(prompts, max_tokens) for _ in range(reps))
+
+    seconds = {}
+    for b in DECODE_BATCHES:  # (prefill + 1 + _STEPS decode steps) - (prefill + 1): the decode steps alone
+        prompts = [ids(8, s) for s in range(b)]
+        seconds[b] = max(median(prompts, _STEPS + 1) - median(prompts, 1), 1e-6) / _STEPS
+    for n in PREFILL_TOKENS:
+        seconds[n] = median([ids(n, 1)], 1)
+    arch = llm.engine.arch
+    kv_bytes = arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * 2 * 4  # float32 K and V
+    path = resolve_model_path(model)
+    meta = {"threads": threads, "reps": reps, "decode_batches": list(DECODE_BATCHES),
+            "prefill_tokens": list(PREFILL_TOKENS), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if os.path.basename(path) == EMBEDDED_FILE:  # the EAGLE draft that ships for it: one decoder layer
+        draft_dir = default_draft_path(path)
+        meta["draft"] = {"path": os.path.basename(draft_dir),
+                         "weights_gb": os.path.getsize(os.path.join(draft_dir, "model.safetensors")) / 1e9,
+                         "kv_gb_per_token": kv_bytes / arch.num_hidden_layers / 1e9}
+    name = "embedded" if model is None else os.path.splitext(os.path.basename(model.rstrip("/")))[0].lower()
+    tokens = sorted(seconds)
+    weights = (sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) if os.path.isdir(path)
+               else os.path.getsize(path))
+    return PassProfile(name, tokens, [seconds[n] for n in tokens], weights / 1e9, kv_bytes / 1e9, meta)

@@ -1,0 +1,345 @@
+"""LLM serving on the planner's devices: generations, continuous batching, TTFT / TPOT SLOs, KV
+memory, and speculative decoding priced step by step.
+
+AlpaServe prices a request as one fixed latency. An LLM request is a generation: a prefill of its
+prompt, then one decode step per output token, batched with whatever else its replica runs
+(continuous batching). Its follow-ups split the SLO (DistServe: time to first token and time per
+output token), count KV-cache memory (MuxServe, Llumnix); none of them places a draft model. Here a
+replica may carry its draft, and every decode step chooses how far to speculate, or not at all,
+from the batch size it has at that moment: the choice BASS makes, priced with the measured pass
+times, acceptance rate alpha and draft cost ratio c.
+
+Costs (measured: `specserve profile --llm`; alpha and c from `specserve bench spec`):
+  pass(n)     seconds of one forward pass over n tokens (prefill rows + decode rows), interpolated
+              from the measured points, linear beyond the last one
+  plain step  pass(b + prefill tokens): each of the b decoding sequences gains one token
+  spec step   k * c * pass(b) draft steps + pass(b * (k + 1) + prefill tokens) to verify; each
+              sequence gains E(k) = (1 - alpha^(k+1)) / (1 - alpha) tokens in expectation
+  the step uses the k in 0..max_len (0: plain) with the least time per token at batch b.
+Memory per device: weights of its targets and drafts; the rest is KV cache, which a generation
+reserves for its prompt + output on admission (target KV, plus the draft's when it speculates).
+Outputs advance by expected tokens (fractions), so a run is deterministic for a seeded workload.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .workload import gamma_arrivals, power_law_weights
+
+
+@dataclass(frozen=True)
+class PassProfile:
+    """Seconds of one forward pass vs the tokens in it, and the memory the model needs."""
+
+    model: str
+    tokens: list[int]  # increasing
+    seconds: list[float]
+    weights_gb: float
+    kv_gb_per_token: float
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if len(self.tokens) < 2 or len(self.tokens) != len(self.seconds) or any(
+                b <= a for a, b in zip(self.tokens, self.tokens[1:])):
+            raise ValueError("a pass profile needs >= 2 points with increasing token counts")
+
+    def pass_s(self, n: float) -> float:
+        """Seconds for a pass over n tokens: the first point below it, linear beyond the last. Timing
+        noise can make a bigger pass read faster; a pass is never cheaper than a smaller one."""
+        t, s = self.tokens, np.maximum.accumulate(self.seconds)
+        if n <= t[0]:
+            return s[0]
+        if n >= t[-1]:
+            return s[-1] + (n - t[-1]) * (s[-1] - s[-2]) / (t[-1] - t[-2])
+        return float(np.interp(n, t, s))
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(asdict(self), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str) -> "PassProfile":
+        try:
+            with open(path) as f:
+                return cls(**json.load(f))
+        except OSError as e:
+            raise ValueError(f"{path}: cannot read pass profile ({e.strerror}); make one with "
+                             "`specserve profile --llm`") from None
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"{path}: not a specserve pass profile ({e})") from None
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """A draft that can sit beside its target: its memory and what `bench spec` measured."""
+
+    alpha: float  # probability a drafted token is accepted, per position
+    c: float  # one draft step / one target step at the same batch size
+    weights_gb: float
+    kv_gb_per_token: float
+    max_len: int = 8
+
+    def __post_init__(self):
+        if not (0 <= self.alpha < 1 and 0 < self.c and self.max_len >= 1):
+            raise ValueError(f"draft needs 0 <= alpha < 1, c > 0 and max_len >= 1 (got {self})")
+
+    def expected_tokens(self, k: int) -> float:
+        """Tokens a sequence gains from one verify of k drafts (accepted run + the target's own)."""
+        return (1 - self.alpha ** (k + 1)) / (1 - self.alpha)
+
+    @classmethod
+    def from_spec_bench(cls, path: str, weights_gb: float, kv_gb_per_token: float, setting: str = "greedy",
+                        max_len: int = 8) -> "DraftSpec":
+        """alpha and c averaged over the batch sizes of a `specserve bench spec` result."""
+        try:
+            with open(path) as f:
+                rows = json.load(f)["tables"][setting]
+        except (OSError, KeyError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: no '{setting}' table of a `specserve bench spec` result ({e})") from None
+        return cls(float(np.mean([r["alpha"] for r in rows])), float(np.mean([r["c"] for r in rows])),
+                   weights_gb, kv_gb_per_token, max_len)
+
+
+def step_choice(profile: PassProfile, draft: Optional[DraftSpec], batch: int) -> tuple[int, float, float]:
+    """(draft length k, seconds, tokens each sequence gains) for a decode step of `batch` sequences
+    (no prefill rows); k = 0 is plain decoding, chosen whenever speculating costs more per token."""
+    plain = profile.pass_s(batch)
+    best = (0, plain, 1.0)
+    if draft is None or batch == 0:
+        return best
+    for k in range(1, draft.max_len + 1):
+        t = k * draft.c * plain + profile.pass_s(batch * (k + 1))
+        e = draft.expected_tokens(k)
+        if t / e < best[1] / best[2]:
+            best = (k, t, e)
+    return best
+
+
+@dataclass
+class Generation:
+    arrival: float
+    model: str
+    prompt_tokens: int
+    output_tokens: int
+
+
+# Medians the Splitwise paper reports for the Azure LLM inference trace (2023), conversation
+# service: prompt 1020, output 129 tokens. The trace itself is not on this machine; a lognormal
+# around each median stands in (sigma is ours), or pass the trace's CSV as trace:PATH.
+AZURE_CONV_MEDIANS = (1020, 129)
+
+
+def llm_workload(models: Sequence[str], rate: float, cv: float, duration: float, seed: int, skew: float = 0.0,
+                 prompt_median: int = AZURE_CONV_MEDIANS[0], output_median: int = AZURE_CONV_MEDIANS[1],
+                 sigma: float = 0.6, max_len: int = 4096) -> list[Generation]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for m, w in zip(models, power_law_weights(len(models), skew)):
+        for t in gamma_arrivals(rate * w, cv, duration, rng):
+            p = int(np.clip(rng.lognormal(math.log(prompt_median), sigma), 1, max_len // 2))
+            o = int(np.clip(rng.lognormal(math.log(output_median), sigma), 1, max_len // 2))
+            out.append(Generation(float(t), m, p, o))
+    out.sort(key=lambda g: g.arrival)
+    return out
+
+
+def load_llm_trace(path: str, models: Sequence[str]) -> list[Generation]:
+    """The Azure LLM inference trace's CSV (TIMESTAMP, ContextTokens, GeneratedTokens); rows go to
+    the models round-robin."""
+    import csv
+
+    from .workload import _parse_time  # one parser for the trace's timestamps
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        stamps = [_parse_time(r["TIMESTAMP"]) for r in rows]
+        t0 = min(stamps)
+        gens = [Generation(s - t0, models[i % len(models)], max(1, int(r["ContextTokens"])),
+                           max(1, int(r["GeneratedTokens"]))) for i, (s, r) in enumerate(zip(stamps, rows))]
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read trace ({e.strerror})") from None
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"{path}: expected the Azure LLM trace's TIMESTAMP, ContextTokens, GeneratedTokens ({e})") from None
+    gens.sort(key=lambda g: g.arrival)
+    return gens
+
+
+@dataclass
+class LLMDevice:
+    models: list[str] = field(default_factory=list)  # target replicas
+    drafts: list[str] = field(default_factory=list)  # which of them carry their draft
+
+    def weights_gb(self, profiles: dict, drafts: dict) -> float:
+        return sum(profiles[m].weights_gb for m in self.models) + sum(drafts[m].weights_gb for m in self.drafts)
+
+
+@dataclass(frozen=True)
+class LLMSLO:
+    ttft_s: float
+    tpot_s: float
+
+
+@dataclass
+class LLMResult:
+    ttft: np.ndarray  # [N] seconds, NaN: never served (no replica, or its KV cannot hold it)
+    tpot: np.ndarray  # [N] seconds per output token after the first
+    good: np.ndarray  # [N] bool: both SLOs met
+    steps: int
+    spec_steps: int
+    batch_hist: dict[int, int]  # decode batch size -> steps
+    spec_by_batch: dict[int, int]  # decode batch size -> steps that speculated
+
+    @property
+    def slo_attainment(self) -> float:
+        return float(self.good.mean()) if len(self.good) else 1.0
+
+    def summary(self) -> dict:
+        ok = ~np.isnan(self.ttft)
+        pct = (lambda a, q: float(np.percentile(a[ok], q)) if ok.any() else None)  # noqa: E731
+        return {"slo_attainment": self.slo_attainment, "ttft_p50_s": pct(self.ttft, 50), "ttft_p99_s": pct(self.ttft, 99),
+                "tpot_p50_s": pct(self.tpot, 50), "tpot_p99_s": pct(self.tpot, 99), "steps": self.steps,
+                "spec_share": self.spec_steps / self.steps if self.steps else 0.0,
+                "mean_decode_batch": (sum(b * n for b, n in self.batch_hist.items()) / max(1, sum(self.batch_hist.values())))}
+
+
+class _Replica:
+    def __init__(self, model, profile, draft):
+        self.model, self.profile, self.draft = model, profile, draft
+        self.kv_per_token = profile.kv_gb_per_token + (draft.kv_gb_per_token if draft else 0.0)
+        self.waiting: deque[int] = deque()
+        self.running: list[list] = []  # [request, tokens still to produce]
+        self.prefilling = 0  # admitted, in the step running now
+        self.choice: dict[int, tuple] = {}  # decode batch -> step_choice
+
+    def outstanding(self) -> int:
+        return len(self.waiting) + self.prefilling + len(self.running)
+
+    def step(self, b: int) -> tuple[int, float, float]:
+        if b not in self.choice:
+            self.choice[b] = step_choice(self.profile, self.draft, b)
+        return self.choice[b]
+
+
+def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profiles: dict[str, PassProfile],
+                 drafts: dict[str, DraftSpec], slo: dict[str, LLMSLO], budget_gb: float,
+                 max_num_seqs: int = 64, max_prefill_tokens: int = 4096) -> LLMResult:
+    """Continuous batching on every device. A device runs one replica's step at a time, taking its
+    replicas in turn; a step admits waiting generations (FIFO, while KV and max_num_seqs allow, up to
+    max_prefill_tokens of prompt) as prefill rows beside the decode rows of those already running.
+    A generation goes to the replica of its model with the fewest generations in it (lower device first)."""
+    n = len(gens)
+    ttft, finish = np.full(n, np.nan), np.full(n, np.nan)
+    reps, on_device = [], []
+    kv_free = []  # GB of KV cache free per device
+    for d, dev in enumerate(devices):
+        free = budget_gb - dev.weights_gb(profiles, drafts)
+        if free < -1e-9:
+            raise ValueError(f"device {d} holds {dev.weights_gb(profiles, drafts):.3f} GB of weights, over its "
+                             f"{budget_gb:g} GB budget")
+        kv_free.append(free)
+        on_device.append([])
+        for m in dev.models:
+            on_device[d].append(len(reps))
+            reps.append(_Replica(m, profiles[m], drafts[m] if m in dev.drafts else None))
+    kv_cap = list(kv_free)
+    rep_device = [d for d, rs in enumerate(on_device) for _ in rs]
+    of_model: dict[str, list[int]] = {}
+    for i, r in enumerate(reps):
+        of_model.setdefault(r.model, []).append(i)
+    turn = [0] * len(devices)
+    busy = [False] * len(devices)
+    events: list = []  # (end time, device, replica, admitted, decoding, tokens each decode gains)
+    stats = {"steps": 0, "spec": 0, "hist": {}, "spec_hist": {}}
+
+    def start(d: int, now: float) -> None:
+        rs = on_device[d]
+        for j in range(len(rs)):
+            ri = rs[(turn[d] + j) % len(rs)]
+            r = reps[ri]
+            admitted, prefill = [], 0
+            while r.waiting and len(r.running) + len(admitted) < max_num_seqs:
+                g = gens[r.waiting[0]]
+                need = (g.prompt_tokens + g.output_tokens) * r.kv_per_token
+                if need > kv_free[d] + 1e-12 or (admitted and prefill + g.prompt_tokens > max_prefill_tokens):
+                    break
+                kv_free[d] -= need
+                prefill += g.prompt_tokens
+                admitted.append(r.waiting.popleft())
+            b = len(r.running)
+            if not admitted and b == 0:
+                continue
+            k, _, gain = r.step(b)
+            seconds = r.profile.pass_s(b * (k + 1) + prefill)
+            if r.draft is not None:  # the draft drafts for the decodes and prefills the new prompts
+                seconds += r.draft.c * (k * r.profile.pass_s(b) + (r.profile.pass_s(prefill) if prefill else 0.0))
+            stats["steps"] += 1
+            if b:
+                stats["hist"][b] = stats["hist"].get(b, 0) + 1
+                if k:
+                    stats["spec"] += 1
+                    stats["spec_hist"][b] = stats["spec_hist"].get(b, 0) + 1
+            r.prefilling = len(admitted)
+            turn[d] = (turn[d] + j + 1) % len(rs)
+            busy[d] = True
+            heapq.heappush(events, (now + seconds, d, ri, admitted, gain))
+            return
+        busy[d] = False
+
+    def finish_step(t: float, d: int, ri: int, admitted: list[int], gain: float) -> None:
+        r = reps[ri]
+        r.prefilling = 0
+        still = []
+        for item in r.running:
+            item[1] -= gain
+            if item[1] <= 1e-9:
+                _done(item[0], t, d, r)
+            else:
+                still.append(item)
+        for i in admitted:
+            ttft[i] = t
+            left = gens[i].output_tokens - 1
+            if left <= 0:
+                _done(i, t, d, r)
+            else:
+                still.append([i, float(left)])
+        r.running = still
+
+    def _done(i: int, t: float, d: int, r: _Replica) -> None:
+        finish[i] = t
+        kv_free[d] += (gens[i].prompt_tokens + gens[i].output_tokens) * r.kv_per_token
+
+    for i, g in enumerate(gens):
+        while events and events[0][0] <= g.arrival:
+            t, d, ri, admitted, gain = heapq.heappop(events)
+            finish_step(t, d, ri, admitted, gain)
+            start(d, t)
+        # replicas whose device could hold this generation's KV at all (else it would block the queue)
+        cands = [c for c in of_model.get(g.model, [])
+                 if (g.prompt_tokens + g.output_tokens) * reps[c].kv_per_token <= kv_cap[rep_device[c]] + 1e-12]
+        if not cands:
+            continue
+        ri = min(cands, key=lambda c: (reps[c].outstanding(), c))
+        reps[ri].waiting.append(i)
+        d = rep_device[ri]
+        if not busy[d]:
+            start(d, g.arrival)
+    while events:
+        t, d, ri, admitted, gain = heapq.heappop(events)
+        finish_step(t, d, ri, admitted, gain)
+        start(d, t)
+
+    arrival = np.asarray([g.arrival for g in gens])
+    out_tokens = np.asarray([g.output_tokens for g in gens])
+    tpot = np.where(out_tokens > 1, (finish - ttft) / np.maximum(out_tokens - 1, 1), 0.0)
+    ttft_rel = ttft - arrival
+    lim_ttft = np.asarray([slo[g.model].ttft_s for g in gens])
+    lim_tpot = np.asarray([slo[g.model].tpot_s for g in gens])
+    good = ~np.isnan(finish) & (ttft_rel <= lim_ttft + 1e-12) & (tpot <= lim_tpot + 1e-12)
+    return LLMResult(ttft_rel, tpot, good, stats["steps"], stats["spec"], stats["hist"], stats["spec_hist"])

@@ -1,0 +1,119 @@
+"""The planner's LLM mode: step pricing, the continuous-batching simulator by hand, and the
+speculation-aware search on a tiny synthetic profile."""
+import math
+
+import numpy as np
+import pytest
+
+from specserve.planner.llm import LLMSLO, DraftSpec, Generation, LLMDevice, PassProfile, simulate_llm, step_choice
+from specserve.planner.llm_search import plan_llm
+
+# pass(n) = 10 ms + 1 ms per token: a small model that is compute-bound from the first token
+LINEAR = PassProfile("t", [1, 1001], [0.011, 1.011], weights_gb=0.1, kv_gb_per_token=1e-4)
+# memory-bound up to 16 tokens (a pass reads the weights once), then compute-bound
+ROOFLINE = PassProfile("t", [1, 16, 1024], [0.010, 0.010, 0.640], weights_gb=0.1, kv_gb_per_token=1e-4)
+DRAFT = DraftSpec(alpha=0.5, c=0.1, weights_gb=0.01, kv_gb_per_token=0.0, max_len=1)
+SLO = {"a": LLMSLO(10.0, 1.0), "b": LLMSLO(10.0, 1.0)}
+
+
+def test_pass_profile_interpolates_extrapolates_and_never_gets_cheaper():
+    assert LINEAR.pass_s(501) == pytest.approx(0.511)
+    assert LINEAR.pass_s(2001) == pytest.approx(2.011)  # linear beyond the last point
+    noisy = PassProfile("t", [1, 8, 16], [0.01, 0.05, 0.03], 0.1, 1e-4)
+    assert noisy.pass_s(16) == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="increasing"):
+        PassProfile("t", [4, 2], [0.1, 0.2], 0.1, 1e-4)
+
+
+def test_speculation_is_priced_per_batch_size():
+    draft = DraftSpec(alpha=0.8, c=0.1, weights_gb=0.01, kv_gb_per_token=0.0)
+    assert draft.expected_tokens(3) == pytest.approx((1 - 0.8 ** 4) / 0.2)
+    k, seconds, gain = step_choice(ROOFLINE, draft, 1)
+    # batch 1: k drafts cost 1 ms each and the verify of k + 1 <= 16 tokens is as cheap as one token
+    assert k >= 3 and seconds == pytest.approx(k * 0.001 + ROOFLINE.pass_s(k + 1)) and gain > 2
+    assert step_choice(ROOFLINE, draft, 256)[0] == 0  # compute-bound: verifying costs more than it saves
+    assert step_choice(ROOFLINE, None, 1) == (0, pytest.approx(0.010), 1.0)
+
+
+def test_one_generation_by_hand():
+    """prompt 100, output 3: prefill 0.110 s (first token), then two decode steps of 0.011 s."""
+    res = simulate_llm([LLMDevice(["a"])], [Generation(0.0, "a", 100, 3)], {"a": LINEAR}, {}, SLO, 1.0)
+    assert res.ttft[0] == pytest.approx(0.110) and res.tpot[0] == pytest.approx(0.011)
+    assert res.steps == 3 and res.good[0]
+
+
+def test_a_draft_speeds_the_decode_steps_by_hand():
+    """alpha 0.5, k = 1: a step costs 0.1 x 0.011 + pass(2) = 0.0131 s and gains 1.5 tokens; the draft
+    also prefills the prompt (0.1 x 0.110). Output 4: first token at 0.121, then 3 tokens in 2 steps."""
+    assert step_choice(LINEAR, DRAFT, 1) == (1, pytest.approx(0.0131), pytest.approx(1.5))
+    res = simulate_llm([LLMDevice(["a"], ["a"])], [Generation(0.0, "a", 100, 4)], {"a": LINEAR}, {"a": DRAFT},
+                       SLO, 1.0)
+    assert res.ttft[0] == pytest.approx(0.121)
+    assert res.tpot[0] == pytest.approx(2 * 0.0131 / 3) and res.spec_steps == 2
+
+
+def test_kv_memory_holds_back_admission():
+    """Each generation reserves (100 + 3) x 1e-4 GB = 0.0103 GB; 0.115 GB - 0.1 GB of weights holds one.
+    The second waits for the first (done at 0.132), then prefills: first token at 0.242."""
+    gens = [Generation(0.0, "a", 100, 3), Generation(0.0, "a", 100, 3)]
+    res = simulate_llm([LLMDevice(["a"])], gens, {"a": LINEAR}, {}, SLO, 0.115)
+    assert res.ttft[1] == pytest.approx(0.132 + 0.110)
+    roomy = simulate_llm([LLMDevice(["a"])], gens, {"a": LINEAR}, {}, SLO, 1.0)
+    # the first starts alone at 0 (0.110); the second prefills beside its first decode: pass(101)
+    assert roomy.ttft[1] == pytest.approx(0.110 + 0.111)
+    # a generation no device can hold is not served (it would block its queue forever)
+    huge = simulate_llm([LLMDevice(["a"])], [Generation(0.0, "a", 5000, 10)], {"a": LINEAR}, {}, SLO, 0.2)
+    assert math.isnan(huge.ttft[0]) and huge.slo_attainment == 0.0
+    with pytest.raises(ValueError, match="over its"):
+        simulate_llm([LLMDevice(["a", "b"])], gens, {"a": LINEAR, "b": LINEAR}, {}, SLO, 0.15)
+
+
+def test_routing_to_the_replica_with_fewest_generations():
+    gens = [Generation(0.0, "a", 100, 50), Generation(0.01, "a", 100, 50), Generation(0.02, "b", 10, 2)]
+    res = simulate_llm([LLMDevice(["a"]), LLMDevice(["a", "b"])], gens, {"a": LINEAR, "b": LINEAR}, {}, SLO, 1.0)
+    assert res.ttft[0] == pytest.approx(0.110)  # device 0
+    assert res.ttft[1] == pytest.approx(0.110)  # device 1, idle: not queued behind the first
+    # b shares device 1 with a's replica: it runs when a's first step ends (turns alternate)
+    assert res.ttft[2] == pytest.approx(0.120 - 0.02 + 0.020, abs=1e-9)
+
+
+@pytest.mark.parametrize("tpot_scale, draft_wins", [(0.9, True), (4.0, False)])
+def test_search_places_a_draft_only_where_it_raises_attainment(tpot_scale, draft_wins):
+    """Memory for one target and its draft, or two targets, per device. A TPOT below one plain step
+    (0.9x) only a draft can meet; with a loose TPOT and heavy load the draft adds nothing."""
+    profile = PassProfile("t", [1, 16, 1024], [0.010, 0.010, 0.640], weights_gb=0.1, kv_gb_per_token=1e-5)
+    draft = DraftSpec(alpha=0.8, c=0.1, weights_gb=0.02, kv_gb_per_token=0.0)
+    rng = np.random.default_rng(0)
+    rate = 0.5 if draft_wins else 40.0
+    times = np.cumsum(rng.exponential(1 / rate, 300 if not draft_wins else 60))
+    gens = [Generation(float(t), "a", 64, 32) for t in times]
+    slo = {"a": LLMSLO(2.0, tpot_scale * profile.pass_s(1))}
+    kw = dict(models=["a"], num_devices=2, gens=gens, profiles={"a": profile}, drafts={"a": draft}, slo=slo,
+              budget_gb=0.2)
+    plain, aware = plan_llm(allow_drafts=False, **kw), plan_llm(allow_drafts=True, **kw)
+    assert not any(d.drafts for d in plain.devices)
+    if draft_wins:
+        assert plain.result.slo_attainment == 0.0 and aware.result.slo_attainment > 0.5
+        assert any(d.drafts for d in aware.devices)
+    else:
+        assert aware.result.slo_attainment == pytest.approx(plain.result.slo_attainment)
+        assert aware.result.spec_steps < 0.5 * aware.result.steps
+
+
+def test_azure_llm_trace_rows_become_generations(tmp_path):
+    from specserve.planner.llm import llm_workload, load_llm_trace
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n"
+                    "2023-11-16 18:15:47.0000000,0,0\n")
+    gens = load_llm_trace(str(path), ["a", "b"])
+    assert [(round(g.arrival, 3), g.prompt_tokens, g.output_tokens) for g in gens] == [
+        (0.0, 374, 44), (0.319, 1, 1), (4.315, 396, 109)]
+    assert {g.model for g in gens} == {"a", "b"}
+    bad = tmp_path / "bad.csv"
+    bad.write_text("when,prompt\n1,2\n")
+    with pytest.raises(ValueError, match="TIMESTAMP, ContextTokens, GeneratedTokens"):
+        load_llm_trace(str(bad), ["a"])
+    # generated lengths sit around the Splitwise medians of the Azure conversation trace
+    gens = llm_workload(["a", "b"], 50.0, 1.0, 100.0, 0)
+    assert 900 < np.median([g.prompt_tokens for g in gens]) < 1150 and 110 < np.median([g.output_tokens for g in gens]) < 150
