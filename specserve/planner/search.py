@@ -299,10 +299,15 @@ class _Planner:
         return self.split_devices([by_size[k] for k in sorted(by_size)], evaluate)[1]
 
     def round_robin(self) -> list[GroupPlan]:
-        n = self.cluster.num_devices
-        groups = [GroupPlan([d], 1, 1) for d in range(n)]
+        """Replicas dealt out in turn while memory lasts. Groups are single devices, or, when some model
+        fits no single device, pipelines of the size the biggest model needs (the artifact's
+        round-robin baseline uses uniform pipelines too)."""
+        size = max(self.min_group_size(m) for m in self.specs)
+        n = self.cluster.num_devices // size
+        groups = [GroupPlan(list(range(g * size, (g + 1) * size)), size, 1) for g in range(n)]
+        groups += [GroupPlan([d], 1, 1) for d in range(n * size, self.cluster.num_devices)]  # left over: idle
         used = [0.0] * n
-        mem = {m: self.costs.costs(s, 1, 1).memory_per_device_gb for m, s in self.specs.items()}
+        mem = {m: self.costs.costs(s, size, 1).memory_per_device_gb for m, s in self.specs.items()}
         placed, d = True, 0
         while placed:  # cycle through the models, one replica at a time, while any fits somewhere
             placed = False

@@ -93,6 +93,10 @@ def test_memory_budget_caps_what_a_device_holds():
     for budget, most in ((None, 6), (13.0, 5)):
         r = plan("round-robin", specs, parse_cluster("1x2:16GB").with_budget(budget), reqs, slo)
         assert max(len(g.models) for g in r.groups) == most
+    # 13.4 GB models fit no device within 13 GB: round-robin deals them onto 2-stage pipelines
+    r = plan("round-robin", SPECS, parse_cluster("1x4:16GB").with_budget(13), multi_model(["a", "b"], 1.0, 1.0, 100, 0),
+             SLO)
+    assert [(g.pp, sorted(g.models)) for g in r.groups] == [(2, ["a"]), (2, ["b"])] and r.slo_attainment > 0.9
 
 
 def test_selective_replication_gives_a_too_big_model_its_smallest_pipeline():
