@@ -3,13 +3,14 @@ table of the planner's LLM mode (`specserve profile --llm`, read by `specserve p
 
 Small passes are timed as decode steps (b sequences, one token each: the engine's decode path),
 large ones as prefills of one prompt (one chunk), which is what passes of those sizes are when
-serving. One thread: a planner device is one core of this machine.
+serving. Every core: an LLM-mode device is this machine, as `specserve bench spec` (alpha, c) ran it.
 """
 from __future__ import annotations
 
 import os
 import statistics
 import time
+from typing import Optional
 
 from ..planner.llm import PassProfile
 
@@ -18,11 +19,12 @@ PREFILL_TOKENS = (64, 128, 256, 512, 1024)
 _STEPS = 16  # decode steps timed per batch
 
 
-def profile_passes(model=None, reps: int = 3, threads: int = 1) -> PassProfile:
+def profile_passes(model=None, reps: int = 3, threads: Optional[int] = None) -> PassProfile:
     from .. import LLM, SamplingParams
     from ..drafters.draft_model import default_draft_path
     from ..loading import EMBEDDED_FILE, resolve_model_path
 
+    threads = threads or os.cpu_count() or 1
     llm = LLM(model, num_threads=threads, max_num_batched_tokens=2048)
     vocab = llm.engine.arch.vocab_size
     ids = lambda n, seed: [(seed * 7919 + i * 104729) % (vocab - 100) + 100 for i in range(n)]  # noqa: E731

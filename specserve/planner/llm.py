@@ -130,10 +130,11 @@ class Generation:
     output_tokens: int
 
 
-# Medians the Splitwise paper reports for the Azure LLM inference trace (2023), conversation
-# service: prompt 1020, output 129 tokens. The trace itself is not on this machine; a lognormal
-# around each median stands in (sigma is ours), or pass the trace's CSV as trace:PATH.
+# Medians the Splitwise paper reports for the Azure LLM inference trace (2023): prompt and output
+# tokens of the conversation and the code service. The trace itself is not on this machine; a
+# lognormal around each median stands in (sigma is ours), or pass the trace's CSV (--llm-trace).
 AZURE_CONV_MEDIANS = (1020, 129)
+AZURE_CODE_MEDIANS = (1500, 13)
 
 
 def llm_workload(models: Sequence[str], rate: float, cv: float, duration: float, seed: int, skew: float = 0.0,

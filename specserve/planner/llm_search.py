@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .llm import LLMSLO, DraftSpec, Generation, LLMDevice, LLMResult, PassProfile, simulate_llm
+from .llm import AZURE_CODE_MEDIANS, AZURE_CONV_MEDIANS, LLMSLO, DraftSpec, Generation, LLMDevice, LLMResult, PassProfile, simulate_llm
 
 
 @dataclass
@@ -96,24 +96,25 @@ class Scenario:
     why: str
     models: int = 2
     devices: int = 2
-    budget_gb: float = 0.6
-    rate: float = 1.0  # generations/s over all models
+    budget_gb: float = 1.2
+    rate: float = 0.15  # generations/s over all models
     cv: float = 1.0
-    duration: float = 240.0
-    ttft_scale: float = 5.0  # TTFT SLO = scale x prefill of the median prompt
+    duration: float = 1800.0
+    ttft_scale: float = 5.0  # TTFT SLO = scale x the prefill of the median prompt
     tpot_scale: float = 1.0  # TPOT SLO = scale x one plain decode step at batch 1
-    prompt_median: int = 1020
-    output_median: int = 129
+    prompt_median: int = AZURE_CONV_MEDIANS[0]
+    output_median: int = AZURE_CONV_MEDIANS[1]
     seed: int = 0
 
 
+# Lengths: the medians Splitwise reports for the Azure LLM inference trace's two services.
 SCENARIOS = {
-    "interactive": Scenario(
-        "interactive", "light load, a tight TPOT: plain decoding is too slow per token at any batch it forms, "
-        "so another replica cannot help; a draft lowers the time per token",
-        rate=0.4, tpot_scale=0.95),
-    "throughput": Scenario(
-        "throughput", "heavy load: batches are large, where verifying drafts costs more than it saves; "
-        "the draft's step choice turns speculation off, and the memory buys more by holding replicas and KV",
-        rate=6.0, tpot_scale=4.0),
+    "conversation": Scenario(
+        "conversation", "Azure conversation lengths, light load, a token every plain batch-1 step: batches stay "
+        "small, where drafting is cheap and a draft lowers the time per token below what a replica can"),
+    "code": Scenario(
+        "code", "Azure code lengths (long prompts, ~13 output tokens): device time is prefill; a draft only "
+        "speeds the few decode steps and prefills every prompt itself (c x the prompt's pass)",
+        rate=0.2, tpot_scale=2.0, prompt_median=AZURE_CODE_MEDIANS[0],
+        output_median=AZURE_CODE_MEDIANS[1]),
 }

@@ -113,11 +113,11 @@ def test_plan_llm_compares_drafts_with_replicas(tmp_path):
                 {"draft": {"weights_gb": 0.008, "kv_gb_per_token": 1.5e-6}}).save(str(prof))
     bench = tmp_path / "spec.json"
     bench.write_text(json.dumps({"tables": {"greedy": [{"alpha": 0.8, "c": 0.12}]}}))
-    r = run("plan", "--llm", "--llm-profile", str(prof), "--spec-bench", str(bench), "--scenarios", "interactive",
+    r = run("plan", "--llm", "--llm-profile", str(prof), "--spec-bench", str(bench), "--scenarios", "conversation",
             "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "speculation-aware placement raises attainment" in r.stdout, r.stdout
-    j = json.loads(next(tmp_path.glob("llm-*.json")).read_text())["scenarios"]["interactive"]
+    j = json.loads(next(tmp_path.glob("llm-*.json")).read_text())["scenarios"]["conversation"]
     assert j["speculation-aware"]["slo_attainment"] > j["no drafts"]["slo_attainment"]
     assert any(d["drafts"] for d in j["speculation-aware"]["devices"])
     r = run("plan", "--llm", "--llm-profile", str(tmp_path / "none.json"))
