@@ -49,15 +49,17 @@ class PassProfile:
         if len(self.tokens) < 2 or len(self.tokens) != len(self.seconds) or any(
                 b <= a for a, b in zip(self.tokens, self.tokens[1:])):
             raise ValueError("a pass profile needs >= 2 points with increasing token counts")
+        # timing noise can make a bigger pass read faster: a pass is never cheaper than a smaller one
+        object.__setattr__(self, "_monotone", np.maximum.accumulate(np.asarray(self.seconds, dtype=float)))
 
     def pass_s(self, n: float) -> float:
-        """Seconds for a pass over n tokens: the first point below it, linear beyond the last. Timing
-        noise can make a bigger pass read faster; a pass is never cheaper than a smaller one."""
-        t, s = self.tokens, np.maximum.accumulate(self.seconds)
+        """Seconds for a pass over n tokens: interpolated between measured points, the first point's
+        time below them, linear beyond the last."""
+        t, s = self.tokens, self._monotone
         if n <= t[0]:
-            return s[0]
+            return float(s[0])
         if n >= t[-1]:
-            return s[-1] + (n - t[-1]) * (s[-1] - s[-2]) / (t[-1] - t[-2])
+            return float(s[-1] + (n - t[-1]) * (s[-1] - s[-2]) / (t[-1] - t[-2]))
         return float(np.interp(n, t, s))
 
     def save(self, path: str) -> None:
@@ -256,7 +258,7 @@ def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profi
         of_model.setdefault(r.model, []).append(i)
     turn = [0] * len(devices)
     busy = [False] * len(devices)
-    events: list = []  # (end time, device, replica, admitted, decoding, tokens each decode gains)
+    events: list = []  # steps in flight: (end time, device, replica, generations it prefills, tokens each decode gains)
     stats = {"steps": 0, "spec": 0, "hist": {}, "spec_hist": {}}
 
     def start(d: int, now: float) -> None:
