@@ -1,0 +1,74 @@
+"""Draft trees (spec/tree.py): EAGLE-2 expansion and reranking by hand, the node budget from a
+step-time curve, and expected tokens checked against tree verification."""
+import pytest
+import torch
+
+from specserve.sampling.tree import children_table, verify_tree
+from specserve.spec.tree import TokenTree, best_budget, expand, rerank
+
+V = 5
+
+
+def _chain(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(V, V, generator=g).double() * 2, -1)
+
+
+def _next_topk(M, root):
+    def fn(paths, k):
+        out = []
+        for path in paths:
+            last = path[-1] if path else root
+            probs, toks = M[last].topk(k)
+            out.append((toks.tolist(), probs.tolist()))
+        return out
+    return fn
+
+
+def test_expand_by_hand():
+    # a draft that always says: token 1 w.p. 0.6, token 2 w.p. 0.3, others 0.1 / 3
+    def fn(paths, k):
+        return [([1, 2, 0][:k], [0.6, 0.3, 0.1 / 3][:k]) for _ in paths]
+    tree = expand(fn, depth=3, top_k=2, beam=1)
+    # level 1: [1 (.6), 2 (.3)]; beam 1 expands node 0: [1 (.36), 2 (.18)]; then node 2: [1 (.216), 2 (.108)]
+    assert tree.tokens == [1, 2, 1, 2, 1, 2] and tree.parents == [-1, -1, 0, 0, 2, 2]
+    assert tree.scores == pytest.approx([0.6, 0.3, 0.36, 0.18, 0.216, 0.108])
+    assert tree.path(4) == [1, 1, 1] and tree.expected_tokens() == pytest.approx(2.764)
+    wide = expand(fn, depth=2, top_k=2, beam=2)
+    assert wide.parents == [-1, -1, 0, 0, 1, 1]
+    with pytest.raises(ValueError, match="depth, top_k and beam"):
+        expand(fn, depth=0, top_k=2, beam=1)
+
+
+def test_rerank_keeps_the_best_nodes_as_a_subtree():
+    tree = TokenTree([1, 2, 1, 2, 1, 2], [-1, -1, 0, 0, 2, 2], [0.6, 0.3, 0.36, 0.18, 0.216, 0.108])
+    small = rerank(tree, 4)  # 0.6, 0.36, 0.3, 0.216
+    assert small.tokens == [1, 2, 1, 1] and small.parents == [-1, -1, 0, 2]
+    assert small.scores == pytest.approx([0.6, 0.3, 0.36, 0.216])
+    children_table(small.parents)  # a valid tree: parents come first
+    assert rerank(tree, 10) is tree and len(rerank(tree, 0)) == 0
+
+
+def test_budget_follows_the_cost_of_a_row():
+    scores = [0.8, 0.6, 0.5, 0.3, 0.2, 0.1, 0.05, 0.02]
+    # GPU-like: 8 more rows cost nothing: verify them all
+    assert best_budget(scores, lambda rows: 0.010)[0] == 8
+    # this CPU without AMX: 7 ms for one row, ~1 ms per further row (README, Known limits)
+    n, rate = best_budget(scores, lambda rows: 0.007 + 0.001 * (rows - 1), draft_seconds=0.002)
+    assert 2 <= n <= 6 and rate > 1 / 0.007
+    # rows as dear as a whole step: drafting never pays
+    assert best_budget(scores, lambda rows: 0.007 * rows) == (0, pytest.approx(1 / 0.007))
+
+
+def test_expected_tokens_match_verification_when_the_draft_is_the_target():
+    """With draft probabilities equal to the target's, a node's cumulative confidence is exactly the
+    chance its path is accepted, so the mean accepted path length equals the sum of the scores."""
+    M, root, n = _chain(1), 3, 20_000
+    tree = rerank(expand(_next_topk(M, root), depth=4, top_k=3, beam=2), 8)
+    rows = [root] + [tree.path(j)[-1] for j in range(len(tree))]
+    target = M[torch.tensor(rows)][None].expand(n, -1, -1)
+    tokens = torch.tensor(tree.tokens)[None].expand(n, -1)
+    paths, _ = verify_tree(target, None, tokens, children_table(tree.parents)[None].expand(n, -1, -1),
+                           torch.Generator().manual_seed(0))
+    mean = sum(len(p) for p in paths) / n
+    assert mean == pytest.approx(sum(tree.scores), abs=0.03)
