@@ -9,6 +9,9 @@ written into their slots first. Two ways to serve a ragged batch (BASS, Qian et 
   * PAD (mode "pad"): every sequence's keys are gathered into one padded [B, Lmax] batch (queries
     padded to the longest span) and a single SDPA call serves the whole batch, padding masked out.
 Prefill-sized spans always take the padded path (one big batched product beats per-sequence calls).
+A span may be a token tree (`span_parents`): each row then attends to the cached context and to its
+own ancestors in the span only, not to its siblings' branches (tree attention, SpecInfer / EAGLE-2);
+such batches take the SDPA paths with an ancestor mask (the C++ kernel is causal-only).
 A batch that mixes both (a prompt chunk arriving while others decode: the serving steady state) is
 served as two groups, short spans by their path and long ones padded among themselves only; padding
 every decode row to the prompt chunk's length made such steps ~45x the work (tests/unit/test_paged_attention.py).
@@ -37,6 +40,8 @@ class AttentionMetadata:
     device: torch.device
     slot_mapping: torch.Tensor  # [T] flat KV slot of every new token
     mode: str = "split"  # "split" | "pad": how a ragged batch of short spans is served
+    # per sequence None (a causal span) or, for a tree, each span row's parent row (row 0: -1)
+    span_parents: Optional[list[Optional[list[int]]]] = None
     _sdpa: Optional[tuple] = field(default=None, repr=False)
     _paged: Optional[tuple] = field(default=None, repr=False)
     _groups: Optional[list] = field(default=None, repr=False)
@@ -49,21 +54,32 @@ class AttentionMetadata:
     def max_q_len(self) -> int:
         return max(self.q_lens)
 
+    @property
+    def has_trees(self) -> bool:
+        return self.span_parents is not None and any(p is not None for p in self.span_parents)
+
     @classmethod
     def build(cls, q_lens: list[int], kv_lens: list[int], block_tables: list[list[int]], block_size: int,
-              device: torch.device, mode: str = "split") -> "AttentionMetadata":
+              device: torch.device, mode: str = "split",
+              span_parents: Optional[list[Optional[list[int]]]] = None) -> "AttentionMetadata":
+        if span_parents is not None:
+            for q, par in zip(q_lens, span_parents):
+                if par is not None and (len(par) != q or par[0] != -1 or any(not 0 <= a < r for r, a in enumerate(par) if r)):
+                    raise ValueError(f"span_parents {par}: need one parent per span row, -1 for row 0 and an "
+                                     "earlier row for every other")
         slots = []
         for q, k, table in zip(q_lens, kv_lens, block_tables):
             # New tokens sit at the end of each sequence: positions kv_len - q_len ... kv_len - 1.
             slots.extend(table[p // block_size] * block_size + p % block_size for p in range(k - q, k))
         slot_mapping = torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True)
-        return cls(list(q_lens), list(kv_lens), block_tables, block_size, device, slot_mapping, mode)
+        return cls(list(q_lens), list(kv_lens), block_tables, block_size, device, slot_mapping, mode,
+                   None if span_parents is None else list(span_parents))
 
     @property
     def use_paged_kernel(self) -> bool:
         """SPLIT with short spans on the fp32 CPU path: the C++ kernel (also used by the fused layer)."""
         return self.mode == "split" and self.max_q_len <= PAGED_KERNEL_MAX_Q and self.device.type == "cpu" \
-            and kernels.available()
+            and not self.has_trees and kernels.available()
 
     def span_groups(self) -> Optional[list[tuple["AttentionMetadata", torch.Tensor]]]:
         """[(short spans' metadata, their token rows), (long spans', theirs)] when the batch mixes spans
@@ -80,7 +96,8 @@ class AttentionMetadata:
                 rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in seqs]).to(self.device)
                 sub = AttentionMetadata([self.q_lens[i] for i in seqs], [self.kv_lens[i] for i in seqs],
                                         [self.block_tables[i] for i in seqs], self.block_size, self.device,
-                                        self.slot_mapping[rows], self.mode)
+                                        self.slot_mapping[rows], self.mode,
+                                        None if self.span_parents is None else [self.span_parents[i] for i in seqs])
                 groups.append((sub, rows))
             self._groups = groups
         return self._groups
@@ -96,7 +113,8 @@ class AttentionMetadata:
     def sdpa_fields(self):
         """(gather_slots [B, Lmax], mask [B, 1, qmax, Lmax] or None, q_pad_index, q_unpad_index)."""
         if self._sdpa is None:
-            self._sdpa = _build_sdpa_fields(self.q_lens, self.kv_lens, self.block_tables, self.block_size)
+            self._sdpa = _build_sdpa_fields(self.q_lens, self.kv_lens, self.block_tables, self.block_size,
+                                            self.span_parents if self.has_trees else None)
             self._sdpa = tuple(None if t is None else t.to(self.device, non_blocking=True) for t in self._sdpa)
         return self._sdpa
 
@@ -106,7 +124,16 @@ def _padded_tables(block_tables: list[list[int]], nblk: int) -> torch.Tensor:
     return torch.tensor([t[:nblk] + [0] * (nblk - len(t[:nblk])) for t in block_tables], dtype=torch.long)
 
 
-def _build_sdpa_fields(q_lens, kv_lens, block_tables, block_size):
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """[q, q] bool: row r may attend to span row a (a is r or one of its ancestors)."""
+    q = len(parents)
+    m = torch.eye(q, dtype=torch.bool)
+    for r in range(1, q):
+        m[r] |= m[parents[r]]
+    return m
+
+
+def _build_sdpa_fields(q_lens, kv_lens, block_tables, block_size, span_parents=None):
     B, qmax, lmax = len(q_lens), max(q_lens), max(kv_lens)
     tables = _padded_tables(block_tables, -(-lmax // block_size))
     gather = (tables[:, :, None] * block_size + torch.arange(block_size)).reshape(B, -1)[:, :lmax].contiguous()
@@ -118,6 +145,10 @@ def _build_sdpa_fields(q_lens, kv_lens, block_tables, block_size):
         q_pos = (kv - ql)[:, None, None] + i  # absolute position of query row i
         mask = (j <= q_pos) & (i < ql[:, None, None])
         mask |= (i >= ql[:, None, None]) & (j == 0)  # padded query rows: attend to something, ignored
+        for b, par in enumerate(span_parents or []):
+            if par is not None:  # a tree: within the span, ancestors only
+                ctx = kv_lens[b] - q_lens[b]
+                mask[b, :q_lens[b], ctx:kv_lens[b]] = ancestor_mask(par)
         mask = mask[:, None]
     pad_index = unpad_index = None
     if any(q != qmax for q in q_lens):
@@ -172,7 +203,8 @@ def _split_sdpa(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> t
     """SPLIT without the C++ kernel (bf16, CUDA): one SDPA call per sequence over its own keys."""
     H = q.shape[1]
     bs, out, start = meta.block_size, [], 0
-    for ql, kl, table in zip(meta.q_lens, meta.kv_lens, meta.block_tables):
+    trees = meta.span_parents if meta.has_trees else [None] * meta.num_seqs
+    for ql, kl, table, par in zip(meta.q_lens, meta.kv_lens, meta.block_tables, trees):
         blocks = torch.tensor(table[:-(-kl // bs)], dtype=torch.long, device=q.device)
         slots = (blocks[:, None] * bs + torch.arange(bs, device=q.device)).reshape(-1)[:kl]
         keys = k_cache.index_select(0, slots).transpose(0, 1)[None]  # [1, Hkv, kl, D]
@@ -181,6 +213,8 @@ def _split_sdpa(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> t
         mask = None
         if ql > 1:  # query i sits at position kl - ql + i
             mask = torch.arange(kl, device=q.device)[None, :] <= (kl - ql + torch.arange(ql, device=q.device))[:, None]
+            if par is not None:
+                mask[:, kl - ql:] = ancestor_mask(par).to(q.device)
         o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != H)
         out.append(o[0].transpose(0, 1))
         start += ql

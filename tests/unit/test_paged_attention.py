@@ -59,3 +59,46 @@ def test_ragged_paged_attention_matches_reference(path, monkeypatch):
     # the new tokens' K/V were written into their slots first
     torch.testing.assert_close(k_cache[meta.slot_mapping], k_new)
     torch.testing.assert_close(ours, reference(q, k_cache, v_cache, tables), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["split", "pad"])
+def test_tree_spans_attend_to_their_ancestors_only(mode):
+    """Sequence 1's span is a tree (root, then nodes with parents), sequence 0 a causal chain. Every
+    tree row must get what the same row gets as the last row of a causal chain made of its path."""
+    g = torch.Generator().manual_seed(1)
+    parents = [-1, 0, 0, 1, 1, 2, 4]  # span rows: root; 1, 2 under it; 3, 4 under 1; 5 under 2; 6 under 4
+    q_lens, kv_lens = [3, len(parents)], [9, 10 + len(parents)]
+    num_blocks = 16
+    tables = [[3, 7, 1], [5, 0, 9, 12, 2]]
+    k_cache = torch.randn(num_blocks * BS, HKV, D, generator=g)
+    v_cache = torch.randn(num_blocks * BS, HKV, D, generator=g)
+    T = sum(q_lens)
+    q = torch.randn(T, H, D, generator=g)
+    k_new, v_new = torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
+    meta = AttentionMetadata.build(q_lens, kv_lens, tables, BS, torch.device("cpu"), mode=mode,
+                                   span_parents=[None, parents])
+    assert not meta.use_paged_kernel  # the C++ kernel is causal-only
+    ours = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, D ** -0.5)
+
+    def slot(table, p):
+        return table[p // BS] * BS + p % BS
+
+    ctx = kv_lens[1] - q_lens[1]
+    for r in range(len(parents)):
+        path, a = [], r
+        while a >= 0:
+            path.append(a)
+            a = parents[a]
+        path = path[::-1]  # span rows root .. r
+        slots = torch.tensor([slot(tables[1], p) for p in range(ctx)] + [slot(tables[1], ctx + a) for a in path])
+        keys = k_cache[slots].repeat_interleave(H // HKV, dim=1)
+        vals = v_cache[slots].repeat_interleave(H // HKV, dim=1)
+        s = torch.einsum("hd,khd->hk", q[q_lens[0] + r], keys) / D ** 0.5
+        want = torch.einsum("hk,khd->hd", s.softmax(-1), vals)
+        torch.testing.assert_close(ours[q_lens[0] + r], want, rtol=1e-5, atol=1e-5)
+    # the chain beside it is untouched by the tree: same as in a batch of its own
+    alone = AttentionMetadata.build(q_lens[:1], kv_lens[:1], tables[:1], BS, torch.device("cpu"), mode=mode)
+    torch.testing.assert_close(paged_attention(q[:3], k_new[:3], v_new[:3], k_cache, v_cache, alone, D ** -0.5),
+                               ours[:3], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="span_parents"):
+        AttentionMetadata.build([3], [9], tables[:1], BS, torch.device("cpu"), span_parents=[[-1, 0, 2]])
