@@ -23,3 +23,17 @@ class KVCache:
         for src, dst in copies:
             self.k[:, dst * bs:(dst + 1) * bs] = self.k[:, src * bs:(src + 1) * bs]
             self.v[:, dst * bs:(dst + 1) * bs] = self.v[:, src * bs:(src + 1) * bs]
+
+    def move_slots(self, src: list[int], dst: list[int]) -> None:
+        """Copy token slots src[i] -> dst[i] in every layer, all read before any is written (the ranges
+        may overlap): a verified tree keeps its accepted path, whose rows sit wherever the tree put
+        them, in consecutive positions after the context; the positions past it are rolled back."""
+        if len(src) != len(dst):
+            raise ValueError(f"move_slots: {len(src)} sources for {len(dst)} destinations")
+        pairs = [(s, d) for s, d in zip(src, dst) if s != d]
+        if not pairs:
+            return
+        s_idx = torch.tensor([s for s, _ in pairs], dtype=torch.long, device=self.k.device)
+        d_idx = torch.tensor([d for _, d in pairs], dtype=torch.long, device=self.k.device)
+        for cache in (self.k, self.v):
+            cache.index_copy_(1, d_idx, cache.index_select(1, s_idx))

@@ -140,3 +140,10 @@ def verify_tree(target_probs: torch.Tensor, draft_probs: Optional[torch.Tensor],
     nxt = draw_rows(p, u[:, N])
     paths = [accepted[b, :int(depth[b])].tolist() for b in range(B)]
     return paths, nxt
+
+
+def accepted_rows_to_keep(path: Sequence[int]) -> list[tuple[int, int]]:
+    """The verify span's rows are [root, node 0, node 1, ...]; after verification the accepted nodes
+    `path` (root to leaf) must sit right after the root. -> [(span row now, span row after)] for the
+    rows that move (node j is span row j + 1)."""
+    return [(j + 1, d) for d, j in enumerate(path, start=1) if j + 1 != d]

@@ -115,3 +115,31 @@ def test_seeded_and_batch_independent():
     pair = verify_tree(M[last.repeat(2, 1)], None, tokens.repeat(2, 1), table.repeat(2, 1, 1),
                        [torch.Generator().manual_seed(99), torch.Generator().manual_seed(7)])
     assert alone[0][0] == pair[0][1] and alone[1][0] == pair[1][1]
+
+
+def test_the_accepted_path_moves_next_to_the_root_in_the_kv_cache():
+    """KV rows of a tree span: root at position 10, nodes after it. Path [1, 6] (span rows 2 and 7)
+    must end at positions 11 and 12 in every layer; the context stays as it was."""
+    from specserve.kv.cache import KVCache
+    from specserve.sampling.tree import accepted_rows_to_keep
+    kv = KVCache(num_layers=2, num_blocks=6, block_size=4, num_kv_heads=1, head_dim=2, dtype=torch.float32,
+                 device=torch.device("cpu"))
+    kv.k.copy_(torch.arange(kv.k.numel(), dtype=torch.float32).view_as(kv.k))
+    kv.v.copy_(-kv.k)
+    before_k, before_v = kv.k.clone(), kv.v.clone()
+    table, root = [2, 0, 5, 1, 4], 10  # positions -> slots through a scattered block table
+
+    def slot(p):
+        return table[p // 4] * 4 + p % 4
+    moves = accepted_rows_to_keep([1, 6])
+    assert moves == [(2, 1), (7, 2)]
+    kv.move_slots([slot(root + a) for a, _ in moves], [slot(root + b) for _, b in moves])
+    for layer in range(2):
+        assert torch.equal(kv.k[layer, slot(11)], before_k[layer, slot(12)])  # span row 2 -> row 1
+        assert torch.equal(kv.k[layer, slot(12)], before_k[layer, slot(17)])  # span row 7 -> row 2
+        assert torch.equal(kv.v[layer, slot(12)], before_v[layer, slot(17)])
+        for p in range(root + 1):
+            assert torch.equal(kv.k[layer, slot(p)], before_k[layer, slot(p)])
+    assert accepted_rows_to_keep([0]) == [] and accepted_rows_to_keep([]) == [] and accepted_rows_to_keep([0, 3]) == [(4, 2)]
+    with pytest.raises(ValueError, match="2 sources for 1"):
+        kv.move_slots([1, 2], [3])
