@@ -92,9 +92,10 @@ def cmd_plan_llm(args) -> int:
         verdict = "raises" if gain > 0.005 else "does not raise"
         print(f"   speculation-aware placement {verdict} attainment: {s0.result.slo_attainment:.3f} -> "
               f"{s1.result.slo_attainment:.3f}")
+        aware = s1.result.summary()
         lines.append(f"| {name} | {len(gens)} | {_ms(slo[models[0]].tpot_s)} | {s0.result.slo_attainment:.3f} | "
-                     f"{s1.result.slo_attainment:.3f} | {s1.result.summary()['spec_share']:.0%} | "
-                     f"{s1.result.summary()['mean_decode_batch']:.1f} | {sc.why} |")
+                     f"{aware['slo_attainment']:.3f} | {aware['spec_share']:.0%} | "
+                     f"{aware['mean_decode_batch']:.1f} | {sc.why} |")
     os.makedirs(args.out, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = os.path.join(args.out, f"llm-{stamp}")

@@ -6,6 +6,7 @@ import dataclasses
 import sys
 
 from ..server.config import ServerConfig
+from .args import add_dataclass_args
 
 HELP = {
     "host": "address to listen on (default: loopback only)",
@@ -20,9 +21,7 @@ HELP = {
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    for f in dataclasses.fields(ServerConfig):
-        kind = int if f.type in ("int", int) else str
-        p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, help=HELP[f.name])
+    add_dataclass_args(p, ServerConfig, HELP)
 
 
 def cmd_serve(args, llm_kwargs: dict) -> int:

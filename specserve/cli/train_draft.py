@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 
 from ..training.config import DistillConfig
+from .args import add_dataclass_args
 
 HELP = {
     "out": "workspace: token files, checkpoint.pt (resumed when present), the draft in OUT/draft",
@@ -19,13 +20,7 @@ HELP = {
 
 
 def add_train_draft_args(p: argparse.ArgumentParser) -> None:
-    for f in dataclasses.fields(DistillConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if str(f.type) == "bool":
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=HELP.get(f.name))
-            continue
-        kind = {"int": int, "float": float}.get(str(f.type), str)
-        p.add_argument(flag, type=kind, default=f.default, help=HELP.get(f.name))
+    add_dataclass_args(p, DistillConfig, HELP)
 
 
 def cmd_train_draft(args) -> int:

@@ -22,6 +22,7 @@ Outputs advance by expected tokens (fractions), so a run is deterministic for a 
 """
 from __future__ import annotations
 
+import csv
 import heapq
 import json
 import math
@@ -31,7 +32,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .workload import gamma_arrivals, power_law_weights
+from .workload import _parse_time, gamma_arrivals, power_law_weights
 
 
 @dataclass(frozen=True)
@@ -156,9 +157,6 @@ def llm_workload(models: Sequence[str], rate: float, cv: float, duration: float,
 def load_llm_trace(path: str, models: Sequence[str]) -> list[Generation]:
     """The Azure LLM inference trace's CSV (TIMESTAMP, ContextTokens, GeneratedTokens); rows go to
     the models round-robin."""
-    import csv
-
-    from .workload import _parse_time  # one parser for the trace's timestamps
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))

@@ -45,9 +45,10 @@ def plan_llm(models: Sequence[str], num_devices: int, gens: Sequence[Generation]
         sims += 1
         return simulate_llm(devs, gens, profiles, drafts, slo, budget_gb, **sim_kw)
 
+    longest = max((g.prompt_tokens + g.output_tokens for g in gens), default=0)
+
     def fits(dev: LLMDevice, extra_gb: float, kv_per_token: float) -> bool:
         # room for the weights and for the KV of this workload's longest generation
-        longest = max((g.prompt_tokens + g.output_tokens for g in gens), default=0)
         return dev.weights_gb(profiles, drafts) + extra_gb + longest * kv_per_token <= budget_gb + 1e-12
 
     best = (run(state), copy.deepcopy(state))

@@ -68,24 +68,16 @@ def verify_tree_greedy(target_logits: torch.Tensor, tokens: torch.Tensor,
                        children: torch.Tensor) -> tuple[list[list[int]], torch.Tensor]:
     """target_logits [B, N + 1, V]; tokens [B, N]; children [B, N + 1, W] -> (the accepted nodes of
     each sequence, root to leaf; next token [B]): the longest path whose tokens are the argmax."""
-    best = target_logits.argmax(-1)  # [B, N + 1]
-    return _walk(best, tokens, children, lambda b, row, x: bool(best[b, row] == x), lambda b, row: best[b, row])
-
-
-def _walk(best, tokens, children, match, final):
+    best = target_logits.argmax(-1).tolist()  # [B][N + 1]
+    toks, kids = tokens.tolist(), children.tolist()
     paths, nxt = [], []
-    for b in range(tokens.shape[0]):
+    for b in range(len(toks)):
         row, path = 0, []
-        while True:
-            for c in children[b, row].tolist():
-                if c >= 0 and match(b, row, int(tokens[b, c])):
-                    path.append(c)
-                    row = c + 1
-                    break
-            else:
-                break
+        while (c := next((c for c in kids[b][row] if c >= 0 and toks[b][c] == best[b][row]), None)) is not None:
+            path.append(c)
+            row = c + 1
         paths.append(path)
-        nxt.append(int(final(b, row)))
+        nxt.append(best[b][row])
     return paths, torch.tensor(nxt, dtype=torch.long, device=tokens.device)
 
 
