@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from .registry import ATTENTION, DRAFTERS, POLICIES
+from .registry import ATTENTION, DRAFTERS, POLICIES, SHAPES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -79,6 +79,12 @@ class SpeculativeConfig:
     attention: str = "auto"
     fallback: bool = True  # skip drafting on steps where the measured costs say it would not pay
     lookup_max_ngram: int = 4  # the longest suffix n-gram prompt lookup matches
+    # Token trees (drafters that make them: the EAGLE draft): a name in registry.SHAPES, and the tree's
+    # width (drafters.TreeShape): top-k children per expanded node, nodes expanded per level, nodes kept.
+    shape: str = "chain"
+    tree_top_k: int = 4
+    tree_beam: int = 4
+    tree_max_nodes: int = 15
 
     def resolved_attention(self, device: str) -> str:
         if self.attention != "auto":
@@ -89,6 +95,9 @@ class SpeculativeConfig:
         DRAFTERS.check(self.method)
         POLICIES.check(self.policy)
         ATTENTION.check(self.attention)
+        SHAPES.check(self.shape)
+        for name in ("tree_top_k", "tree_beam", "tree_max_nodes"):
+            _check_int(name, getattr(self, name), 1)
         if self.draft_len != "auto":
             k = self.draft_len
             if isinstance(k, str) and k.strip().lstrip("-").isdigit():

@@ -81,6 +81,12 @@ ATTENTION.register("auto", None, "split on CPU, pad on CUDA")
 ATTENTION.register("split", None, "per sequence, no padding (the C++ paged kernel on CPU)")
 ATTENTION.register("pad", None, "one padded batch, one SDPA call")
 
+# Draft shapes (spec/decoder.py): what drafters that make token trees (the EAGLE draft) propose.
+SHAPES = Registry("draft shape")
+SHAPES.register("auto", None, "chains or trees, whichever the measured tokens per second favour")
+SHAPES.register("chain", None, "one draft token after another")
+SHAPES.register("tree", None, "token trees (EAGLE-2): the draft's top-k children at the best nodes of each level")
+
 
 # --- model architectures ---------------------------------------------------------------------------
 @dataclass(frozen=True)

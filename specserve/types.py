@@ -114,23 +114,66 @@ class FinishReason(str, enum.Enum):
 @dataclass
 class Draft:
     """Proposed tokens for one request, not yet verified: what a drafter made, the one place a draft
-    lives (`Request.draft`) from proposal to verification. A chain today; a token tree would add each
-    token's parent index here."""
+    lives (`Request.draft`) from proposal to verification. A chain, or a token tree: then each token
+    has a parent (an earlier token's index, -1 for a child of the last known token), in topological
+    order, and the tokens are the drafter's top choices at their parent (deterministic: probs None)."""
 
     tokens: list[int] = field(default_factory=list)
     probs: Optional["torch.Tensor"] = None  # [len(tokens), vocab] q that drew them; None: deterministic/greedy
-    # estimated chance each token is accepted given the ones before it were: its draft probability for
-    # a model (well calibrated for the EAGLE draft), a measured rate for prompt lookup
+    # estimated chance each token is accepted given its parent (the tokens before it, in a chain) was:
+    # its draft probability for a model (well calibrated for the EAGLE draft), a measured rate for
+    # prompt lookup
     confidence: list[float] = field(default_factory=list)
+    parents: Optional[list[int]] = None  # a tree: each token's parent; None: a chain
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    def parent_list(self) -> list[int]:
+        """Each token's parent (a chain's: the token before it)."""
+        return list(range(-1, len(self.tokens) - 1)) if self.parents is None else list(self.parents)
+
+    def depths(self) -> list[int]:
+        """Each token's depth (1: right after the last known token): its position offset."""
+        if self.parents is None:
+            return list(range(1, len(self.tokens) + 1))
+        out: list[int] = []
+        for p in self.parents:
+            out.append(1 if p < 0 else out[p] + 1)
+        return out
+
+    def cumulative(self) -> list[float]:
+        """Each token's estimated chance of acceptance: the product of the confidences from the root."""
+        out: list[float] = []
+        for c, p in zip(self.confidence, self.parent_list()):
+            out.append(c * (out[p] if p >= 0 else 1.0))
+        return out
 
     def truncated(self, n: int) -> "Draft":
         """The first n tokens (self when that is all of them)."""
         if n == len(self.tokens):
             return self
-        return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n], self.confidence[:n])
+        return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n], self.confidence[:n],
+                     None if self.parents is None else self.parents[:n])
+
+    def subset(self, keep: Sequence[int]) -> "Draft":
+        """The tokens `keep` (increasing indices, each one's parent kept too), as a chain when they
+        form one."""
+        keep = sorted(keep)
+        if len(keep) == len(self.tokens):
+            return self
+        index = {j: i for i, j in enumerate(keep)}
+        parents = self.parent_list()
+        if any(parents[j] >= 0 and parents[j] not in index for j in keep):
+            raise ValueError(f"draft subset {keep}: a kept token's parent is not kept")
+        new_parents = [index.get(parents[j], -1) for j in keep]
+        chain = new_parents == list(range(-1, len(keep) - 1))
+        return Draft([self.tokens[j] for j in keep], None if self.probs is None else self.probs[keep],
+                     [self.confidence[j] for j in keep], None if chain else new_parents)
 
 
 @dataclass(eq=False)  # identity: two requests are never "equal"

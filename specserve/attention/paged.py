@@ -9,9 +9,11 @@ written into their slots first. Two ways to serve a ragged batch (BASS, Qian et 
   * PAD (mode "pad"): every sequence's keys are gathered into one padded [B, Lmax] batch (queries
     padded to the longest span) and a single SDPA call serves the whole batch, padding masked out.
 Prefill-sized spans always take the padded path (one big batched product beats per-sequence calls).
-A span may be a token tree (`span_parents`): each row then attends to the cached context and to its
-own ancestors in the span only, not to its siblings' branches (tree attention, SpecInfer / EAGLE-2);
-such batches take the SDPA paths with an ancestor mask (the C++ kernel is causal-only).
+A sequence's last rows may be a token tree (`span_parents`): each of its queries then attends to the
+context before the tree and to its own ancestors in the tree only, not to its siblings' branches (tree
+attention, SpecInfer / EAGLE-2), in the C++ kernel (a mask row per query) and in the SDPA paths (an
+ancestor mask). The tree may be longer than the queries: a drafter growing a tree level by level
+feeds one level's nodes while the levels before it are already cached.
 A batch that mixes both (a prompt chunk arriving while others decode: the serving steady state) is
 served as two groups, short spans by their path and long ones padded among themselves only; padding
 every decode row to the prompt chunk's length made such steps ~45x the work (tests/unit/test_paged_attention.py).
@@ -40,7 +42,8 @@ class AttentionMetadata:
     device: torch.device
     slot_mapping: torch.Tensor  # [T] flat KV slot of every new token
     mode: str = "split"  # "split" | "pad": how a ragged batch of short spans is served
-    # per sequence None (a causal span) or, for a tree, each span row's parent row (row 0: -1)
+    # per sequence None (a causal span) or a tree over its last L >= q_len KV rows (the queries are the
+    # last q_len of them): each tree row's parent row, -1 for a row under the context directly
     span_parents: Optional[list[Optional[list[int]]]] = None
     _sdpa: Optional[tuple] = field(default=None, repr=False)
     _paged: Optional[tuple] = field(default=None, repr=False)
@@ -63,10 +66,10 @@ class AttentionMetadata:
               device: torch.device, mode: str = "split",
               span_parents: Optional[list[Optional[list[int]]]] = None) -> "AttentionMetadata":
         if span_parents is not None:
-            for q, par in zip(q_lens, span_parents):
-                if par is not None and (len(par) != q or par[0] != -1 or any(not 0 <= a < r for r, a in enumerate(par) if r)):
-                    raise ValueError(f"span_parents {par}: need one parent per span row, -1 for row 0 and an "
-                                     "earlier row for every other")
+            for q, k, par in zip(q_lens, kv_lens, span_parents):
+                if par is not None and (not q <= len(par) <= k or any(not -1 <= a < r for r, a in enumerate(par))):
+                    raise ValueError(f"span_parents {par}: need a parent per tree row (at least the {q} queries, at "
+                                     f"most the {k} keys), each -1 (the context) or an earlier row")
         slots = []
         for q, k, table in zip(q_lens, kv_lens, block_tables):
             # New tokens sit at the end of each sequence: positions kv_len - q_len ... kv_len - 1.
@@ -79,7 +82,7 @@ class AttentionMetadata:
     def use_paged_kernel(self) -> bool:
         """SPLIT with short spans on the fp32 CPU path: the C++ kernel (also used by the fused layer)."""
         return self.mode == "split" and self.max_q_len <= PAGED_KERNEL_MAX_Q and self.device.type == "cpu" \
-            and not self.has_trees and kernels.available()
+            and kernels.available()
 
     def span_groups(self) -> Optional[list[tuple["AttentionMetadata", torch.Tensor]]]:
         """[(short spans' metadata, their token rows), (long spans', theirs)] when the batch mixes spans
@@ -103,11 +106,23 @@ class AttentionMetadata:
         return self._groups
 
     def paged_fields(self):
-        """(block_tables [B, max_blocks], q_starts [B], q_lens [B], kv_lens [B]) as int64 CPU tensors."""
+        """(block_tables [B, max_blocks], q_starts [B], q_lens [B], kv_lens [B], span_lens [B] or None,
+        tree_mask [T, Lmax] uint8 or None) as CPU tensors: the C++ kernel's arguments."""
         if self._paged is None:
             tables = _padded_tables(self.block_tables, max(len(t) for t in self.block_tables))
             ql = torch.tensor(self.q_lens, dtype=torch.long)
-            self._paged = (tables, torch.cumsum(ql, 0) - ql, ql, torch.tensor(self.kv_lens, dtype=torch.long))
+            span_lens = tree_mask = None
+            if self.has_trees:
+                spans = [0 if p is None else len(p) for p in self.span_parents]
+                span_lens = torch.tensor(spans, dtype=torch.long)
+                tree_mask = torch.zeros(sum(self.q_lens), max(spans), dtype=torch.uint8)
+                row = 0
+                for q, par in zip(self.q_lens, self.span_parents):
+                    if par is not None:
+                        tree_mask[row:row + q, :len(par)] = ancestor_mask(par)[len(par) - q:]
+                    row += q
+            self._paged = (tables, torch.cumsum(ql, 0) - ql, ql, torch.tensor(self.kv_lens, dtype=torch.long),
+                           span_lens, tree_mask)
         return self._paged
 
     def sdpa_fields(self):
@@ -125,11 +140,12 @@ def _padded_tables(block_tables: list[list[int]], nblk: int) -> torch.Tensor:
 
 
 def ancestor_mask(parents: list[int]) -> torch.Tensor:
-    """[q, q] bool: row r may attend to span row a (a is r or one of its ancestors)."""
-    q = len(parents)
-    m = torch.eye(q, dtype=torch.bool)
-    for r in range(1, q):
-        m[r] |= m[parents[r]]
+    """[L, L] bool: tree row r may attend to tree row a (a is r or one of its ancestors)."""
+    L = len(parents)
+    m = torch.eye(L, dtype=torch.bool)
+    for r in range(L):
+        if parents[r] >= 0:
+            m[r] |= m[parents[r]]
     return m
 
 
@@ -139,16 +155,16 @@ def _build_sdpa_fields(q_lens, kv_lens, block_tables, block_size, span_parents=N
     gather = (tables[:, :, None] * block_size + torch.arange(block_size)).reshape(B, -1)[:, :lmax].contiguous()
     kv, ql = torch.tensor(kv_lens), torch.tensor(q_lens)
     mask = None
-    if not (qmax == 1 and all(k == lmax for k in kv_lens)):
+    if span_parents or not (qmax == 1 and all(k == lmax for k in kv_lens)):
         i = torch.arange(qmax)[None, :, None]  # query row
         j = torch.arange(lmax)[None, None, :]  # key position
         q_pos = (kv - ql)[:, None, None] + i  # absolute position of query row i
         mask = (j <= q_pos) & (i < ql[:, None, None])
         mask |= (i >= ql[:, None, None]) & (j == 0)  # padded query rows: attend to something, ignored
         for b, par in enumerate(span_parents or []):
-            if par is not None:  # a tree: within the span, ancestors only
-                ctx = kv_lens[b] - q_lens[b]
-                mask[b, :q_lens[b], ctx:kv_lens[b]] = ancestor_mask(par)
+            if par is not None:  # a tree: within it, ancestors only
+                L = len(par)
+                mask[b, :q_lens[b], kv_lens[b] - L:kv_lens[b]] = ancestor_mask(par)[L - q_lens[b]:]
         mask = mask[:, None]
     pad_index = unpad_index = None
     if any(q != qmax for q in q_lens):
@@ -179,9 +195,9 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta:
         return out
     T, H, D = q.shape
     if meta.use_paged_kernel and q.dtype == torch.float32 and D % 8 == 0:
-        tables, q_starts, q_lens, kv_lens = meta.paged_fields()
+        tables, q_starts, q_lens, kv_lens, span_lens, tree_mask = meta.paged_fields()
         return kernels.ext().paged_attention(q.contiguous(), k_cache, v_cache, tables, q_starts, q_lens, kv_lens,
-                                             meta.block_size, scale)
+                                             meta.block_size, scale, span_lens, tree_mask)
     if meta.mode == "split" and meta.max_q_len <= PAGED_KERNEL_MAX_Q and meta.num_seqs > 1:
         return _split_sdpa(q, k_cache, v_cache, meta, scale)
     gather, mask, pad_index, unpad_index = meta.sdpa_fields()
@@ -211,10 +227,11 @@ def _split_sdpa(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> t
         values = v_cache.index_select(0, slots).transpose(0, 1)[None]
         qs = q[start:start + ql].transpose(0, 1)[None]  # [1, H, ql, D]
         mask = None
-        if ql > 1:  # query i sits at position kl - ql + i
+        if ql > 1 or par is not None:  # query i sits at position kl - ql + i
             mask = torch.arange(kl, device=q.device)[None, :] <= (kl - ql + torch.arange(ql, device=q.device))[:, None]
             if par is not None:
-                mask[:, kl - ql:] = ancestor_mask(par).to(q.device)
+                L = len(par)
+                mask[:, kl - L:] = ancestor_mask(par)[L - ql:].to(q.device)
         o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=scale, enable_gqa=keys.shape[1] != H)
         out.append(o[0].transpose(0, 1))
         start += ql

@@ -9,8 +9,8 @@ import threading
 import time
 import warnings
 
-from ..config import DTYPES
-from ..registry import ATTENTION, DRAFTERS, POLICIES
+from ..config import DTYPES, SpeculativeConfig
+from ..registry import ATTENTION, DRAFTERS, POLICIES, SHAPES
 from .args import positive_float, positive_int, temperature, top_p
 
 
@@ -48,13 +48,19 @@ def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
                    help="ragged verification attention (auto: split on CPU, pad on CUDA)")
     p.add_argument("--fallback", action=argparse.BooleanOptionalAction, default=True,
                    help="let the cost model skip drafting where it would not pay (--no-fallback: always draft)")
+    p.add_argument("--shape", choices=SHAPES.names(), default=SpeculativeConfig.shape,
+                   help="draft shape: " + "; ".join(f"{n}: {SHAPES.help(n)}" for n in SHAPES.names()))
+    p.add_argument("--tree-top-k", type=int, default=SpeculativeConfig.tree_top_k, help="a tree's children per expanded node")
+    p.add_argument("--tree-beam", type=int, default=SpeculativeConfig.tree_beam, help="a tree's nodes expanded per level")
+    p.add_argument("--tree-max-nodes", type=int, default=SpeculativeConfig.tree_max_nodes, help="a tree's nodes at most")
 
 
 def spec_from_args(args):
     if args.speculative == "none":
         return None
     spec = {"method": args.speculative, "draft_len": args.draft_len, "policy": args.policy, "attention": args.attention,
-            "fallback": args.fallback}
+            "fallback": args.fallback, "shape": args.shape, "tree_top_k": args.tree_top_k, "tree_beam": args.tree_beam,
+            "tree_max_nodes": args.tree_max_nodes}
     if args.draft_model:
         spec["draft_model"] = args.draft_model
     return spec

@@ -4,7 +4,7 @@ on the method."""
 from __future__ import annotations
 
 from ..registry import DRAFTERS
-from .base import Draft, Drafter, DrafterContext, Proposal
+from .base import Draft, Drafter, DrafterContext, Proposal, TreeShape
 
 
 def build_drafter(spec, ctx: DrafterContext) -> Drafter:
@@ -12,4 +12,4 @@ def build_drafter(spec, ctx: DrafterContext) -> Drafter:
     return DRAFTERS.get(spec.method)(spec, ctx)
 
 
-__all__ = ["Draft", "Drafter", "DrafterContext", "Proposal", "build_drafter"]
+__all__ = ["Draft", "Drafter", "DrafterContext", "Proposal", "TreeShape", "build_drafter"]

@@ -2,10 +2,12 @@
 plus one line in `specserve.registry.DRAFTERS` naming its factory `build(spec, ctx) -> Drafter`.
 
 The engine, each step:
-  1. `propose(requests, max_len, min_confidence)` for the requests that decode this step -> a Proposal:
-     a Draft per request (up to max_len token ids and, for sampled requests, the draft distribution q
-     that drew them ([n, vocab], warped with the request's own params); None for deterministic drafts),
-     plus what drafting cost (model passes, their batch, catch-up rows) for the cost model;
+  1. `propose(requests, max_len, min_confidence, tree)` for the requests that decode this step -> a
+     Proposal: a Draft per request (up to max_len token ids and, for sampled requests, the draft
+     distribution q that drew them ([n, vocab], warped with the request's own params); None for
+     deterministic drafts), plus what drafting cost (model passes, their batch, catch-up rows) for the
+     cost model. With a TreeShape (drafters whose `makes_trees`), a token tree of depth <= max_len:
+     the draft's top_k children at the beam best nodes of each level (Draft.parents);
   2. runs the target over every request's [last token] + drafts span and verifies;
   3. `observe(request, start, hidden, num_accepted)` for every request the target computed rows for
      (prefill chunks and plain decode steps too): the target's last hidden states of the rows that
@@ -22,6 +24,17 @@ from typing import Optional
 import torch
 
 from ..types import Draft, Request
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """How wide a token tree grows (EAGLE-2): each level expands its `beam` nodes of highest cumulative
+    confidence into their `top_k` most likely children; at most `max_nodes` nodes are kept (by
+    cumulative confidence) before the engine's selection cuts the batch's drafts to what pays."""
+
+    top_k: int = 4
+    beam: int = 4
+    max_nodes: int = 15  # with the root, a verify span of 16 rows: the C++ paged kernel's longest
 
 
 @dataclass
@@ -54,10 +67,13 @@ class DrafterContext:
 
 class Drafter:
     wants_hidden_states = False  # True: observe() gets the target's last hidden states
+    makes_trees = False  # True: propose() takes a TreeShape
 
-    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> Proposal:
-        """Up to max_len draft tokens per request. With min_confidence, stop a request's draft once the
-        product of its draft probabilities falls below it (threshold decoding)."""
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
+                tree: Optional[TreeShape] = None) -> Proposal:
+        """Up to max_len draft tokens per request (a tree of depth <= max_len with a TreeShape). With
+        min_confidence, stop a request's draft (a tree: a node's expansion) once the product of its
+        draft probabilities falls below it (threshold decoding)."""
         raise NotImplementedError
 
     def propose_free(self, requests: list[Request], max_len: int) -> Optional[Proposal]:
@@ -76,4 +92,4 @@ class Drafter:
         pass
 
 
-__all__ = ["Draft", "Drafter", "DrafterContext", "Proposal"]
+__all__ = ["Draft", "Drafter", "DrafterContext", "Proposal", "TreeShape"]

@@ -35,9 +35,10 @@ class DraftKV:
         self.blocks.allocate(table, num_tokens)
         return True
 
-    def metadata(self, rids: list[str], q_lens: list[int], kv_lens: list[int], mode: str = "split") -> AttentionMetadata:
+    def metadata(self, rids: list[str], q_lens: list[int], kv_lens: list[int], mode: str = "split",
+                 span_parents=None) -> AttentionMetadata:
         return AttentionMetadata.build(q_lens, kv_lens, [self.tables[r] for r in rids], self.blocks.block_size,
-                                       self.device, mode=mode)
+                                       self.device, mode=mode, span_parents=span_parents)
 
     def release(self, rid: str) -> None:
         table = self.tables.pop(rid, None)

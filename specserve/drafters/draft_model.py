@@ -62,7 +62,8 @@ class DraftModelDrafter(Drafter):
         self.attention = attention
 
     @torch.inference_mode()
-    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> Proposal:
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
+                tree=None) -> Proposal:
         drafts = {r.request_id: Draft() for r in requests}
         live = [r for r in requests if max_len > 0 and self.kv.reserve(r.request_id, r.num_tokens + max_len - 1)]
         if not live:

@@ -6,6 +6,13 @@ t + 2. After a target step a request with N tokens has target features for posit
 draft first catches up on the features it has not consumed (ragged across the batch: the whole prompt
 after prefill, 1 + accepted rows after a verify step), which yields the first draft token; each further
 draft token is one single-row step fed with the draft's own predicted feature.
+
+Token trees (EAGLE-2): the first level is the root's top_k tokens; each further level feeds the beam
+nodes of highest cumulative confidence of the level before (each with its parent's predicted
+feature, at its depth's position) in one pass for the whole batch, and takes the top_k children of
+each. The fed nodes' draft KV rows sit after the context in the order they were fed; each attends to
+the context and its own ancestors only (a tree longer than its queries: AttentionMetadata.span_parents).
+The tree is then cut to the max_nodes nodes of highest cumulative confidence (spec/tree.rerank).
 """
 from __future__ import annotations
 
@@ -14,13 +21,15 @@ from typing import Optional
 import torch
 
 from ..models.eagle import EagleNet, EagleServing
+from ..spec.tree import TokenTree, rerank_indices
 from ..types import Draft, Request
-from .base import Drafter, DrafterContext, Proposal
+from .base import Drafter, DrafterContext, Proposal, TreeShape
 from .common import DraftKV, DraftPicker, autoregressive_drafts
 
 
 class EagleDrafter(Drafter):
     wants_hidden_states = True
+    makes_trees = True
 
     def __init__(self, net: EagleNet, target, num_blocks: int, block_size: int, attention: str = "split"):
         """target: the serving model as models.TargetView (its embeddings, final norm, LM head rows and
@@ -80,29 +89,22 @@ class EagleDrafter(Drafter):
         return have == r.num_tokens - 1 and rid in self.pending
 
     @torch.inference_mode()
-    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> Proposal:
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
+                tree: Optional[TreeShape] = None) -> Proposal:
         drafts = {r.request_id: Draft() for r in requests}
+        rows = max_len if tree is None else 1 + tree.beam * (max_len - 1)  # speculative draft rows, at most
         live = [r for r in requests if max_len > 0 and self._ready(r)
-                and self.kv.reserve(r.request_id, r.num_tokens - 1 + max_len)]
+                and self.kv.reserve(r.request_id, r.num_tokens - 1 + rows)]
         if not live:
             return Proposal([drafts[r.request_id] for r in requests])
-        # Catch-up: every unconsumed target feature, with the token that follows it.
-        feats, toks, q_lens, kv_lens, positions = [], [], [], [], []
-        for r in live:
-            done = self.kv.num_done[r.request_id]
-            f = torch.cat(self.pending.pop(r.request_id))  # [m, hidden], positions done .. N - 2
-            self.num_pending.pop(r.request_id)
-            m = len(f)
-            feats.append(f)
-            toks.extend(r.token_at(t + 1) for t in range(done, done + m))
-            positions.extend(range(done, done + m))
-            q_lens.append(m)
-            kv_lens.append(done + m)
-        pred = self._forward(live, torch.cat(feats), toks, positions, q_lens, kv_lens)
-        last = torch.cumsum(torch.tensor(q_lens, device=pred.device), 0) - 1  # each request's last row
-        f_hat = pred.index_select(0, last)  # [B, hidden]: predicted feature at position N - 1
-        for r, kl in zip(live, kv_lens):
-            self.kv.num_done[r.request_id] = kl  # real rows only; speculative rows below are not counted
+        f_hat, q_lens = self._catch_up(live)  # [B, hidden]: predicted feature at position N - 1
+        if tree is not None:
+            drafts.update(self._tree_drafts(live, f_hat, max_len, min_confidence, tree))
+            # one pass per level (the catch-up made the first), over about beam rows per request: the
+            # draft-step cost table is by rows, so a tree's passes are timed as passes of that many rows
+            passes = max(max(d.depths(), default=0) for d in drafts.values())
+            return Proposal([drafts[r.request_id] for r in requests], passes,
+                            len(live) * min(tree.beam, tree.top_k), sum(q_lens))
         state = {"f_hat": f_hat}
 
         def advance(rows, tokens, reqs, j):
@@ -118,11 +120,88 @@ class EagleDrafter(Drafter):
         return Proposal([drafts[r.request_id] for r in requests], max(len(drafts[r.request_id].tokens) for r in live),
                         len(live), sum(q_lens))
 
-    def _forward(self, reqs, feats, tokens, positions, q_lens, kv_lens) -> torch.Tensor:
+    def _catch_up(self, live: list[Request]) -> tuple[torch.Tensor, list[int]]:
+        """Feed every unconsumed target feature, with the token that follows it -> (the predicted
+        feature at each request's last position [B, hidden], the rows fed per request)."""
+        feats, toks, q_lens, kv_lens, positions = [], [], [], [], []
+        for r in live:
+            done = self.kv.num_done[r.request_id]
+            f = torch.cat(self.pending.pop(r.request_id))  # [m, hidden], positions done .. N - 2
+            self.num_pending.pop(r.request_id)
+            m = len(f)
+            feats.append(f)
+            toks.extend(r.token_at(t + 1) for t in range(done, done + m))
+            positions.extend(range(done, done + m))
+            q_lens.append(m)
+            kv_lens.append(done + m)
+        pred = self._forward(live, torch.cat(feats), toks, positions, q_lens, kv_lens)
+        last = torch.cumsum(torch.tensor(q_lens, device=pred.device), 0) - 1  # each request's last row
+        for r, kl in zip(live, kv_lens):
+            self.kv.num_done[r.request_id] = kl  # real rows only; speculative rows are not counted
+        return pred.index_select(0, last), q_lens
+
+    def _tree_drafts(self, live: list[Request], f_hat: torch.Tensor, depth: int, min_confidence: Optional[float],
+                     shape: TreeShape) -> dict[str, Draft]:
+        """EAGLE-2 trees for the batch, one draft pass per level (see the module docstring)."""
+        trees = [TokenTree() for _ in live]
+        conf: list[list[float]] = [[] for _ in live]  # each node's own draft probability
+        depth_of: list[list[int]] = [[] for _ in live]
+        fed_parent: list[list[int]] = [[] for _ in live]  # per fed row (draft KV row order): its parent's fed row
+        fed_feat: list[list[torch.Tensor]] = [[] for _ in live]  # per fed row: the feature it predicted
+        row_of: list[dict[int, int]] = [{} for _ in live]  # tree node -> its fed row
+        vocab = self.picker.vocab_list
+
+        def add_children(logits: torch.Tensor, owners: list[tuple[int, int]]) -> None:
+            # logits [R, V_draft] at the nodes `owners` [(request, node; -1: the root)]
+            probs, ids = torch.softmax(logits.float(), dim=-1).topk(shape.top_k, dim=-1)
+            for (b, node), ps, ts in zip(owners, probs.tolist(), ids.tolist()):
+                t = trees[b]
+                base, d = (t.scores[node], depth_of[b][node] + 1) if node >= 0 else (1.0, 1)
+                for p, tok in zip(ps, ts):
+                    t.tokens.append(vocab[tok] if vocab is not None else tok)
+                    t.parents.append(node)
+                    t.scores.append(base * p)
+                    conf[b].append(p)
+                    depth_of[b].append(d)
+
+        add_children(self._logits(f_hat), [(b, -1) for b in range(len(live))])
+        level = [list(range(len(t))) for t in trees]  # each request's newest level
+        for _ in range(depth - 1):
+            owners, feats, toks, pos, q_lens, kv_lens, spans, reqs = [], [], [], [], [], [], [], []
+            for b, r in enumerate(live):
+                t = trees[b]
+                best = sorted(level[b], key=lambda j: -t.scores[j])[:shape.beam]
+                best = [j for j in best if min_confidence is None or t.scores[j] >= min_confidence]
+                if not best:
+                    continue
+                for j in best:
+                    p = t.parents[j]
+                    row_of[b][j] = len(fed_parent[b])
+                    fed_parent[b].append(-1 if p < 0 else row_of[b][p])
+                    owners.append((b, j))
+                    feats.append(f_hat[b] if p < 0 else fed_feat[b][row_of[b][p]])
+                    toks.append(t.tokens[j])
+                    pos.append(r.num_tokens - 2 + depth_of[b][j])  # node at depth d: draft row N - 2 + d
+                reqs.append(r)
+                q_lens.append(len(best))
+                kv_lens.append(self.kv.num_done[r.request_id] + len(fed_parent[b]))
+                spans.append(list(fed_parent[b]))
+            if not reqs:
+                break
+            f = self._forward(reqs, torch.stack(feats), toks, pos, q_lens, kv_lens, spans)  # [R, hidden]
+            for (b, _), row in zip(owners, f):
+                fed_feat[b].append(row)
+            before = [len(t) for t in trees]
+            add_children(self._logits(f), owners)
+            level = [list(range(n, len(t))) for n, t in zip(before, trees)]
+        return {r.request_id: Draft(t.tokens, None, conf[b], t.parents).subset(rerank_indices(t, shape.max_nodes))
+                for b, (r, t) in enumerate(zip(live, trees))}
+
+    def _forward(self, reqs, feats, tokens, positions, q_lens, kv_lens, span_parents=None) -> torch.Tensor:
         dev = feats.device
         ids = torch.tensor(tokens, dtype=torch.long, device=dev)
         embeds = self.target.embed_rows(ids).float()
-        meta = self.kv.metadata([r.request_id for r in reqs], q_lens, kv_lens, self.attention)
+        meta = self.kv.metadata([r.request_id for r in reqs], q_lens, kv_lens, self.attention, span_parents)
         return self.net.forward(embeds, feats, torch.tensor(positions, dtype=torch.long, device=dev),
                                 self.target.rotary, meta, self.kv.cache.k[0], self.kv.cache.v[0])
 

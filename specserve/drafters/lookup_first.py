@@ -27,13 +27,15 @@ class LookupFirstDrafter(Drafter):
     def __init__(self, lookup: PromptLookupDrafter, model: Drafter):
         self.lookup, self.model = lookup, model
         self.wants_hidden_states = model.wants_hidden_states
+        self.makes_trees = model.makes_trees
 
-    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> Proposal:
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
+                tree=None) -> Proposal:
         drafts = self.lookup.propose(requests, max_len, min_confidence).drafts
         missing = [i for i, d in enumerate(drafts) if not d.tokens]
         if not missing:
             return Proposal(drafts)
-        model = self.model.propose([requests[i] for i in missing], max_len, min_confidence)
+        model = self.model.propose([requests[i] for i in missing], max_len, min_confidence, tree)
         for i, d in zip(missing, model.drafts):
             drafts[i] = d
         return replace(model, drafts=drafts)  # what it cost is the model's part

@@ -29,7 +29,8 @@ class PromptLookupDrafter(Drafter):
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None) -> Proposal:
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
+                tree=None) -> Proposal:
         drafts = []
         for r in requests:
             tokens, ngram = self._lookup(r.all_token_ids, max_len)

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from ..config import EngineConfig, SpeculativeConfig
-from ..drafters import DrafterContext, build_drafter
+from ..drafters import DrafterContext, TreeShape, build_drafter
 from ..kv.block_manager import BlockManager
 from ..kv.cache import KVCache
 from ..loading import IncrementalDetokenizer, load_model_files
@@ -71,15 +71,21 @@ class LLMEngine:
         spec_config = config.speculative
         # Without speculation too: the C++ paged kernel (split) on CPU, one padded SDPA call on CUDA.
         attention = (spec_config or SpeculativeConfig()).resolved_attention(mc.device)
-        self.runner = ModelRunner(self.model, self.kv, self.device, attention=attention)
+        # PAD/SPLIT is how verify spans are batched; a step without drafts runs as regular decoding does
+        # (a forced "pad" on CPU ran plain steps ~10% slower than the C++ kernel and so made falling
+        # back to them useless: bench/results/spec-cpu-20261123-171653.md)
+        plain = SpeculativeConfig().resolved_attention(mc.device)
+        self.runner = ModelRunner(self.model, self.kv, self.device, attention=attention, plain_attention=plain)
         self.speculator: Optional[SpeculativeDecoder] = None
         if spec_config is not None:
             ctx = DrafterContext(self.model, self.tokenizer, self.model_path, num_blocks, cc.block_size, attention)
             self.speculator = SpeculativeDecoder(build_drafter(spec_config, ctx),
                                                  lambda: make_policy(spec_config.policy, spec_config.draft_len),
-                                                 spec_config.fallback)
+                                                 spec_config.fallback, shape=spec_config.shape,
+                                                 tree=TreeShape(spec_config.tree_top_k, spec_config.tree_beam,
+                                                                spec_config.tree_max_nodes))
             if spec_config.fallback:
-                calibrate(self.speculator.costs, self.model, self.kv, self.scheduler.blocks, attention,
+                calibrate(self.speculator.costs, self.model, self.kv, self.scheduler.blocks, attention, plain,
                           config.scheduler.max_num_batched_tokens)
         self._ids = itertools.count()
         self._live: dict[str, _Live] = {}
@@ -196,9 +202,11 @@ class LLMEngine:
             reqs = [s.request for s, _ in verifiers]
             results = spec.verify(reqs, [out.logits[rows.logits] for _, rows in verifiers],
                                   [self._live[r.request_id].generator for r in reqs])
-            for r, v in zip(reqs, results):
-                verified[r.request_id] = v
-                self.scheduler.rollback(r, v.num_rejected)
+            for (s, _), v in zip(verifiers, results):
+                verified[s.request.request_id] = v
+                moves = self.scheduler.keep_rows(s.request, _root(s), v.rows)
+                if moves:  # a tree's accepted path, next to its root
+                    self.kv.move_slots([a for a, _ in moves], [b for _, b in moves])
         if spec is not None:
             self._observe(out, verified)
 
@@ -207,8 +215,8 @@ class LLMEngine:
         for s, rows in verifiers:
             r = s.request
             emitted = verified[r.request_id].tokens
-            lp = token_logprobs(out.logits[rows.logits][:len(emitted)], emitted, r.params.num_top_logprobs) \
-                if r.params.wants_logprobs else None
+            lp = token_logprobs(out.logits[rows.logits][list(verified[r.request_id].rows)], emitted,
+                                r.params.num_top_logprobs) if r.params.wants_logprobs else None
             delta = ""
             for j, tok in enumerate(emitted):
                 delta += self._append(r, tok, None if lp is None else (lp[0][j], lp[1][j]), now)
@@ -225,8 +233,13 @@ class LLMEngine:
         """Tell the drafter which of the target's rows stayed valid (with their hidden states)."""
         for s, rows in out:
             v = verified.get(s.request.request_id)
-            valid = s.num_new_tokens - (0 if v is None else v.num_rejected)
-            hidden = None if out.hidden is None else out.hidden[rows.tokens.start:rows.tokens.start + valid]
+            hidden = None
+            if out.hidden is not None and v is None:
+                hidden = out.hidden[rows.tokens]
+            elif out.hidden is not None:  # the known tokens' rows, then the accepted drafts' (a tree's path)
+                root = rows.tokens.start + _root(s) - s.start
+                keep = list(range(rows.tokens.start, root)) + [root + j for j in v.rows]
+                hidden = out.hidden[keep]
             self.speculator.observe(s.request, s.start, hidden, 0 if v is None else v.num_accepted)
 
     def _sample_plain(self, samplers: list[tuple[ScheduledRequest, object]], logits: torch.Tensor, now: float):
@@ -291,3 +304,8 @@ class LLMEngine:
                 self.speculator.release(r)
             self._live.pop(r.request_id, None)
         return delta
+
+
+def _root(s: ScheduledRequest) -> int:
+    """The position of a verify span's root: the last known token, right before the draft."""
+    return s.start + s.num_new_tokens - 1 - s.num_draft_tokens

@@ -17,8 +17,8 @@ class RequestRows:
     """One scheduled request's rows in a step's output."""
 
     tokens: slice  # its rows of the flat token batch [T] (and of StepOutput.hidden)
-    # its logits rows: 1 + num_draft_tokens (after its last known token, then after each draft token);
-    # None for a prompt chunk that does not reach the prompt's end
+    # its logits rows: 1 + num_draft_tokens (after its last known token, then after each draft token:
+    # after each tree node's path for a token tree); None for a prompt chunk short of the prompt's end
     logits: Optional[slice]
 
 
@@ -34,16 +34,21 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache: KVCache, device: torch.device, attention: str = "split"):
+    def __init__(self, model, kv_cache: KVCache, device: torch.device, attention: str = "split",
+                 plain_attention: Optional[str] = None):
+        """attention: how steps with drafts batch their ragged verify spans ("split" | "pad");
+        plain_attention: steps without drafts (default: the same)."""
         self.model = model
         self.kv = kv_cache
         self.device = device
         self.attention = attention
+        self.plain_attention = plain_attention or attention
 
     def execute(self, scheduled: list[ScheduledRequest], return_hidden: bool = False) -> StepOutput:
         """The one place the row layout is decided: tokens in the order of `scheduled` (each request's
         known tokens, then its draft tokens), logits rows for every request whose step samples."""
         token_ids, positions, q_lens, kv_lens, tables, logits_rows, rows = [], [], [], [], [], [], []
+        trees: list = []  # per request: its span's tree rows' parents (a token tree draft) or None
         offset = 0
         for s in scheduled:
             r, start, n = s.request, s.start, s.num_new_tokens
@@ -51,9 +56,21 @@ class ModelRunner:
             n_prompt, n_known = len(r.prompt_token_ids), r.num_tokens
             token_ids.extend(r.prompt_token_ids[start:start + n])
             token_ids.extend(r.output_token_ids[max(0, start - n_prompt):max(0, min(start + n, n_known) - n_prompt)])
-            if start + n > n_known:  # draft tokens ride after the known ones
-                token_ids.extend(r.draft.tokens[:start + n - n_known])
-            positions.extend(range(start, start + n))
+            tree = None
+            if start + n > n_known and r.draft.is_tree:
+                # a token tree after the last known token (the root, span row 0): each node at the root's
+                # position plus its depth, attending to the context and its ancestors (span row
+                # parent + 1) only; the scheduler computes a draft whole or not at all
+                assert start + n - n_known == len(r.draft.tokens) and start == n_known - 1
+                token_ids.extend(r.draft.tokens)
+                positions.append(start)
+                positions.extend(start + d for d in r.draft.depths())
+                tree = [-1] + [p + 1 for p in r.draft.parents]
+            else:
+                if start + n > n_known:  # draft tokens ride after the known ones
+                    token_ids.extend(r.draft.tokens[:start + n - n_known])
+                positions.extend(range(start, start + n))
+            trees.append(tree)
             q_lens.append(n)
             kv_lens.append(start + n)
             tables.append(r.block_table)
@@ -65,7 +82,9 @@ class ModelRunner:
             rows.append(RequestRows(slice(offset, offset + n), logits))
             offset += n
         dev = self.device
-        meta = AttentionMetadata.build(q_lens, kv_lens, tables, self.kv.block_size, dev, mode=self.attention)
+        mode = self.attention if any(s.num_draft_tokens for s in scheduled) else self.plain_attention
+        meta = AttentionMetadata.build(q_lens, kv_lens, tables, self.kv.block_size, dev, mode=mode,
+                                       span_parents=trees if any(t is not None for t in trees) else None)
         out = self.model.forward(
             torch.tensor(token_ids, dtype=torch.long, device=dev),
             torch.tensor(positions, dtype=torch.long, device=dev),

@@ -6,9 +6,16 @@ namespace specserve {
 // q [T, H, D]; caches [slots, Hkv, D]; block_tables [B, max_blocks]; per sequence: first row in q,
 // number of new tokens, context length (new tokens included). Sequence b's query i sits at position
 // kv_len - q_len + i and attends to keys 0..that position. D must be a multiple of 8.
+//
+// Token trees (span_lens [B], tree_mask [T, Lmax] uint8, both or neither): sequence b's last
+// span_lens[b] keys are a tree's rows (span_lens[b] >= q_lens[b]; 0: a causal sequence). Query row t
+// sees every key before the span and the span rows a with tree_mask[t][a] set (itself and its
+// ancestors). The keys it sees are scored into one compact row in position order, so a tree node's
+// output has the same bits as the last row of a causal span made of its path.
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor q_starts, torch::Tensor q_lens,
-                              torch::Tensor kv_lens, int64_t block_size, double scale) {
+                              torch::Tensor kv_lens, int64_t block_size, double scale,
+                              c10::optional<torch::Tensor> span_lens, c10::optional<torch::Tensor> tree_mask) {
   // Every index the loops below follow is checked first: a bad table or length raises here instead
   // of reading or writing outside the cache (O(sequences + blocks), nothing next to the attention).
   TORCH_CHECK(q.dtype() == torch::kFloat32 && q.is_contiguous() && q.dim() == 3, "q must be contiguous f32 [T, H, D]");
@@ -24,6 +31,20 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && q_starts.numel() == B && kv_lens.numel() == B,
               "paged_attention: one table, start and length per sequence");
   const int64_t group = H / Hkv, max_blocks = block_tables.size(1), VD = D / 8;
+  TORCH_CHECK(span_lens.has_value() == tree_mask.has_value(), "paged_attention: span_lens and tree_mask go together");
+  const bool trees = span_lens.has_value();
+  const int64_t* sl = nullptr;
+  const uint8_t* tm = nullptr;
+  int64_t Lmax = 0;
+  if (trees) {
+    TORCH_CHECK(span_lens->dtype() == torch::kInt64 && span_lens->is_contiguous() && span_lens->numel() == B,
+                "paged_attention: span_lens must be int64 [B]");
+    TORCH_CHECK(tree_mask->dtype() == torch::kUInt8 && tree_mask->is_contiguous() && tree_mask->dim() == 2
+                && tree_mask->size(0) == T, "paged_attention: tree_mask must be uint8 [T, Lmax]");
+    sl = span_lens->data_ptr<int64_t>();
+    tm = tree_mask->data_ptr<uint8_t>();
+    Lmax = tree_mask->size(1);
+  }
   {
     const int64_t num_blocks = k_cache.size(0) / block_size;
     const int64_t* bt0 = block_tables.data_ptr<int64_t>();
@@ -36,6 +57,10 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
       for (int64_t j = 0; j < used; ++j)
         TORCH_CHECK(bt0[b * max_blocks + j] >= 0 && bt0[b * max_blocks + j] < num_blocks,
                     "paged_attention: block ", bt0[b * max_blocks + j], " of sequence ", b, " is outside the cache");
+      if (trees)
+        TORCH_CHECK(sl[b] == 0 || (sl[b] >= ql0[b] && sl[b] <= kl0[b] && sl[b] <= Lmax),
+                    "paged_attention: sequence ", b, " has a tree span of ", sl[b], " rows for ", ql0[b],
+                    " queries, ", kl0[b], " keys and a mask of ", Lmax, " columns");
     }
   }
   auto out = torch::empty_like(q);
@@ -51,19 +76,30 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   for (int64_t b = 0; b < B; ++b) max_kv = std::max(max_kv, kl[b]);
   at::parallel_for(0, B * H, 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> scores(max_kv + 8);
+    std::vector<int64_t> span_pos(Lmax + 1);
     for (int64_t w = w0; w < w1; ++w) {
       const int64_t b = w / H, h = w % H, kvh = h / group;
       const int64_t* table = bt + b * max_blocks;
       for (int64_t i = 0; i < ql[b]; ++i) {
-        const int64_t t = qs[b] + i, n = kl[b] - ql[b] + i + 1;  // keys this query sees
+        const int64_t t = qs[b] + i;
+        const int64_t span = trees ? sl[b] : 0;
+        // keys this query sees: n_ctx in a row (the blocked loops below), then, in a tree, the span
+        // rows its mask keeps (one by one); span_pos[e] is the e-th one's position
+        const int64_t n_ctx = span ? kl[b] - span : kl[b] - ql[b] + i + 1;
+        int64_t n = n_ctx;
+        if (span) {
+          const uint8_t* row = tm + t * Lmax;
+          for (int64_t a = 0; a < span; ++a)
+            if (row[a]) span_pos[n++ - n_ctx] = n_ctx + a;
+        }
         const float* qv = qp + (t * H + h) * D;
         __m256 qreg[32];
         for (int64_t d = 0; d < VD; ++d) qreg[d] = _mm256_mul_ps(_mm256_loadu_ps(qv + 8 * d), _mm256_set1_ps(scale));
         float mx = -INFINITY;
         // Walk the block table block by block (no division per key).
-        for (int64_t j0 = 0, blk = 0; j0 < n; j0 += block_size, ++blk) {
+        for (int64_t j0 = 0, blk = 0; j0 < n_ctx; j0 += block_size, ++blk) {
           const float* kblock = kp + (table[blk] * block_size * Hkv + kvh) * D;
-          const int64_t m = std::min(block_size, n - j0);
+          const int64_t m = std::min(block_size, n_ctx - j0);
           const int64_t stride = Hkv * D;
           int64_t o = 0;
           // Four keys at a time: one key's dot product is a chain of dependent FMAs, so a lone key
@@ -93,6 +129,14 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
             mx = std::max(mx, scores[j0 + o]);
           }
         }
+        for (int64_t e = n_ctx; e < n; ++e) {  // a tree's visible span rows, one by one
+          const int64_t pos = span_pos[e - n_ctx];
+          const float* kv = kp + ((table[pos / block_size] * block_size + pos % block_size) * Hkv + kvh) * D;
+          __m256 acc = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(kv));
+          for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(kv + 8 * d), acc);
+          scores[e] = hsum(acc);
+          mx = std::max(mx, scores[e]);
+        }
         const __m256 vmx = _mm256_set1_ps(mx);
         __m256 vsum = _mm256_setzero_ps();
         int64_t j = 0;
@@ -111,14 +155,20 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
         }
         __m256 o[32];
         for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_setzero_ps();
-        for (int64_t j0 = 0, blk = 0; j0 < n; j0 += block_size, ++blk) {
+        for (int64_t j0 = 0, blk = 0; j0 < n_ctx; j0 += block_size, ++blk) {
           const float* vblock = vp + (table[blk] * block_size * Hkv + kvh) * D;
-          const int64_t m = std::min(block_size, n - j0);
+          const int64_t m = std::min(block_size, n_ctx - j0);
           for (int64_t u = 0; u < m; ++u) {
             const float* vv = vblock + u * Hkv * D;
             const __m256 p = _mm256_set1_ps(scores[j0 + u]);
             for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vv + 8 * d), o[d]);
           }
+        }
+        for (int64_t e = n_ctx; e < n; ++e) {
+          const int64_t pos = span_pos[e - n_ctx];
+          const float* vv = vp + ((table[pos / block_size] * block_size + pos % block_size) * Hkv + kvh) * D;
+          const __m256 p = _mm256_set1_ps(scores[e]);
+          for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vv + 8 * d), o[d]);
         }
         const __m256 inv = _mm256_set1_ps(1.0f / sum);
         float* ov = op + (t * H + h) * D;

@@ -20,7 +20,8 @@ torch::Tensor decoder_layer(torch::Tensor x, c10::optional<torch::Tensor> delta,
                             torch::Tensor cos, torch::Tensor sin, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor slot_mapping, torch::Tensor tables, torch::Tensor q_starts,
                             torch::Tensor q_lens, torch::Tensor kv_lens, int64_t block_size, double scale,
-                            int64_t H, int64_t Hkv, int64_t D) {
+                            int64_t H, int64_t Hkv, int64_t D, c10::optional<torch::Tensor> span_lens,
+                            c10::optional<torch::Tensor> tree_mask) {
   const int64_t T = x.size(0);
   TORCH_CHECK(slot_mapping.dtype() == torch::kInt64 && slot_mapping.numel() == T, "one KV slot per token");
   TORCH_CHECK(H > 0 && Hkv > 0 && D > 0, "decoder_layer: bad head counts");
@@ -31,7 +32,7 @@ torch::Tensor decoder_layer(torch::Tensor x, c10::optional<torch::Tensor> delta,
   k_cache.index_copy_(0, slot_mapping, qkv.narrow(1, H * D, Hkv * D).view({T, Hkv, D}));
   v_cache.index_copy_(0, slot_mapping, qkv.narrow(1, (H + Hkv) * D, Hkv * D).view({T, Hkv, D}));
   torch::Tensor q = qkv.narrow(1, 0, H * D).contiguous().view({T, H, D});
-  torch::Tensor attn = paged_attention(q, k_cache, v_cache, tables, q_starts, q_lens, kv_lens, block_size, scale);
+  torch::Tensor attn = paged_attention(q, k_cache, v_cache, tables, q_starts, q_lens, kv_lens, block_size, scale, span_lens, tree_mask);
   h = rms_norm(x, linear(attn.view({T, H * D}), o_w), ffn_norm, eps);
   return linear(silu_mul(linear(h, gate_up_w)), down_w);
 }
@@ -51,6 +52,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "(x += residual); w * x / rms(x)");
   m.def("rope_", &rope_, "rotate-half RoPE in place on the first heads of qkv rows");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
-  m.def("paged_attention", &paged_attention, "causal attention of short query spans over the paged KV cache");
+  m.def("paged_attention", &paged_attention, "causal (or token-tree) attention of short query spans over the paged KV cache",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("q_starts"),
+        py::arg("q_lens"), py::arg("kv_lens"), py::arg("block_size"), py::arg("scale"),
+        py::arg("span_lens") = py::none(), py::arg("tree_mask") = py::none());
   m.def("decoder_layer", &decoder_layer, "a whole decoder layer for decode-sized batches");
 }

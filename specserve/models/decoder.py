@@ -69,9 +69,9 @@ def fused_decoder_layer(x: torch.Tensor, delta: Optional[torch.Tensor], weights:
                         meta: AttentionMetadata, scale: float, H: int, Hkv: int, D: int):
     """`decoder_layer` with paged attention as one C++ call; weights: layers.fused_layer_weights.
     x [T, hidden] is updated in place with delta; returns (x, this layer's output)."""
-    tables, q_starts, q_lens, kv_lens = meta.paged_fields()
+    tables, q_starts, q_lens, kv_lens, span_lens, tree_mask = meta.paged_fields()
     attn_norm, ffn_norm, qkv, qkv_bias, o, gate_up, down = weights
     out = kernels.ext().decoder_layer(x, delta, attn_norm, ffn_norm, eps, qkv, qkv_bias, o, gate_up, down, cos, sin,
                                       k_cache, v_cache, meta.slot_mapping, tables, q_starts, q_lens, kv_lens,
-                                      meta.block_size, scale, H, Hkv, D)
+                                      meta.block_size, scale, H, Hkv, D, span_lens, tree_mask)
     return x, out

@@ -20,8 +20,12 @@ tokens are distributed exactly as sampling from the target one token at a time; 
 longest path whose tokens equal the target's argmax, then the target's own token.
 
 Vectorised over the batch: a loop over tree depth and sibling rank, each a few [B, V] operations.
-Each sequence draws N + 1 uniforms from its own generator (node j tests with uniform j, the final
-draw uses uniform N), so a seed reproduces its output whatever else shares the batch.
+Each sequence draws a fixed grid of uniforms from its own generator, [max_depth + 1, max_width + 1]
+whatever its tree: the w-th child tried at depth d tests with u[d, w], the final draw at depth d uses
+u[d, max_width]. So a seed reproduces its output whatever else shares the batch, and a tree that
+differs away from the walked path (a near tie in the draft's ranking, as the draft's numbers move
+in their last bits with the batch's size) draws the same numbers; the generator also advances by
+the same count every step.
 """
 from __future__ import annotations
 
@@ -82,19 +86,24 @@ def verify_tree_greedy(target_logits: torch.Tensor, tokens: torch.Tensor,
 
 
 def verify_tree(target_probs: torch.Tensor, draft_probs: Optional[torch.Tensor], tokens: torch.Tensor,
-                children: torch.Tensor, generators) -> tuple[list[list[int]], torch.Tensor]:
+                children: torch.Tensor, generators, max_depth: Optional[int] = None,
+                max_width: Optional[int] = None) -> tuple[list[list[int]], torch.Tensor]:
     """target_probs [B, N + 1, V] (warped like the request's sampling); draft_probs [B, N + 1, V], the
     distribution each row's children were drawn from, or None for deterministic (top-k) children;
     tokens [B, N] int64 (padding: any id); children [B, N + 1, W] from children_table (padding rows
-    -1); generators: one per sequence, or one for the batch (tests) -> (accepted nodes per sequence,
-    root to leaf; next token [B])."""
+    -1); generators: one per sequence, or one for the batch (tests); max_depth / max_width: bounds on
+    every tree this generator will see (the uniforms' grid; default: N and W) -> (accepted nodes per
+    sequence, root to leaf; next token [B])."""
     B, N1, V = target_probs.shape
     N, W = N1 - 1, children.shape[-1]
+    D, Wu = max_depth or N, max_width or W  # a path is never deeper than its nodes, nor wider than W
+    if Wu < W:
+        raise ValueError(f"verify_tree: a node has {W} children, more than max_width {Wu}")
     dev = target_probs.device
     if isinstance(generators, (list, tuple)):
-        u = torch.stack([torch.rand(N1, generator=g, device=dev, dtype=torch.float64) for g in generators])
+        u = torch.stack([torch.rand(D + 1, Wu + 1, generator=g, device=dev, dtype=torch.float64) for g in generators])
     else:
-        u = torch.rand((B, N1), generator=generators, device=dev, dtype=torch.float64)  # [B, N + 1]
+        u = torch.rand((B, D + 1, Wu + 1), generator=generators, device=dev, dtype=torch.float64)
     rows = torch.arange(B, device=dev)
     row = torch.zeros(B, dtype=torch.long, device=dev)  # current node's row
     p = target_probs[:, 0].double()  # [B, V] current distribution (residual after rejections)
@@ -113,7 +122,7 @@ def verify_tree(target_probs: torch.Tensor, draft_probs: Optional[torch.Tensor],
             x = tokens[rows, cc]  # [B]
             p_x = p[rows, x]
             q_x = torch.ones_like(p_x) if q is None else q[rows, x]
-            ok = live & (u[rows, cc] * q_x < p_x)
+            ok = live & (u[rows, depth, w] * q_x < p_x)
             bad = live & ~ok
             if bool(bad.any()):
                 r = drop_token(p, x) if q is None else residual_distribution(p, q)
@@ -129,7 +138,7 @@ def verify_tree(target_probs: torch.Tensor, draft_probs: Optional[torch.Tensor],
         done |= ~moved
         if bool(done.all()):
             break
-    nxt = draw_rows(p, u[:, N])
+    nxt = draw_rows(p, u[rows, depth, Wu])
     paths = [accepted[b, :int(depth[b])].tolist() for b in range(B)]
     return paths, nxt
 

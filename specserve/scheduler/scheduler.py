@@ -4,14 +4,16 @@ Running requests go first (a decode token, or the next prefill chunk), then wait
 admitted while the token budget, the sequence limit and free KV blocks allow. A prompt longer than
 the budget is prefilled in chunks. A request with draft tokens brings them too (1 + k tokens to
 verify). As in vLLM v1, scheduling a request moves its `num_computed_tokens` past the step's tokens
-(the step computes them), and `rollback` moves it back over the rejected drafts after verification,
-freeing the blocks they alone used. When blocks run out, the newest running request is preempted:
-its blocks are freed and it is recomputed later (its generated tokens are kept). Plain Python.
+(the step computes them), and `keep_rows` moves it back over the rejected drafts after verification,
+freeing the blocks they alone used (a token tree's accepted path first moves up next to its root).
+When blocks run out, the newest running request is preempted: its blocks are freed and it is
+recomputed later (its generated tokens are kept). Plain Python.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from ..kv.block_manager import BlockManager
 from ..types import Request, RequestStatus
@@ -111,6 +113,21 @@ class Scheduler:
         if num_tokens:
             req.num_computed_tokens -= num_tokens
             self.blocks.truncate(req.block_table, req.num_computed_tokens)
+
+    def keep_rows(self, req: Request, span_start: int, rows: Sequence[int]) -> list[tuple[int, int]]:
+        """A verified span computed from position span_start keeps its rows `rows` (increasing, from
+        0: a chain's accepted prefix, or a token tree's root and accepted path): they take positions
+        span_start, span_start + 1, ... and everything after is rolled back. Returns the (from, to) KV
+        slot copies for the storage to make (KVCache.move_slots), none for a chain."""
+        end = span_start + len(rows)
+        if not 0 <= span_start <= end <= req.num_computed_tokens or any(b <= a for a, b in zip(rows, rows[1:])):
+            raise ValueError(f"cannot keep rows {list(rows)} of {req.request_id}'s span at {span_start} "
+                             f"({req.num_computed_tokens} computed tokens)")
+        bs, table = self.blocks.block_size, req.block_table
+        moves = [(table[(span_start + a) // bs] * bs + (span_start + a) % bs, table[p // bs] * bs + p % bs)
+                 for p, a in enumerate(rows, start=span_start) if span_start + a != p]
+        self.rollback(req, req.num_computed_tokens - end)
+        return moves
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.blocks.free(req.block_table)

@@ -34,9 +34,9 @@ class CostModel:
         self.alpha_num, self.alpha_den = 0.0, 0.0  # decayed counts of accepted and (accepted + rejections)
         if prior_alpha is not None:  # a weak prior worth 2 pseudo-tokens
             self.alpha_num, self.alpha_den = 2 * prior_alpha, 2.0
-        # What drafting steps actually yielded, by batch size: [tokens emitted per sequence, seconds of
-        # drafting, seconds of the step after drafting], averaged over steps.
-        self.yields: dict[int, list[float]] = {}
+        # What drafting steps actually yielded, by (batch size, draft shape): [tokens emitted per
+        # sequence, seconds of drafting, seconds of the step after drafting], averaged over steps.
+        self.yields: dict[tuple[int, str], list[float]] = {}
         self.plain: dict[int, float] = {}  # measured seconds of steps without drafts, by batch size
 
     def record_target(self, rows: int, seconds: float, batch: Optional[int] = None) -> None:
@@ -111,27 +111,45 @@ class CostModel:
         return self.alpha_num / self.alpha_den if self.alpha_den > 0 else None
 
     def record_yield(self, batch: int, tokens: int, draft_seconds: float, step_seconds: float,
-                     ema: float = 0.2) -> None:
-        """A drafting step over `batch` sequences emitted `tokens`; its drafting took draft_seconds and
-        the rest of the step (target pass, verification, bookkeeping) step_seconds."""
+                     ema: float = 0.2, shape: str = "chain") -> None:
+        """A drafting step over `batch` sequences, drafting `shape`s, emitted `tokens`; its drafting took
+        draft_seconds and the rest of the step (target pass, verification, bookkeeping) step_seconds."""
         new = [tokens / batch, draft_seconds, step_seconds]
-        old = self.yields.get(batch)
-        self.yields[batch] = new if old is None else [(1 - ema) * o + ema * n for o, n in zip(old, new)]
+        old = self.yields.get((batch, shape))
+        self.yields[batch, shape] = new if old is None else [(1 - ema) * o + ema * n for o, n in zip(old, new)]
 
-    def drafting_pays(self, batch: int, margin: float = DRAFTING_MARGIN) -> Optional[bool]:
-        """Whether drafting steps at this batch size emit more tokens per second than plain steps, by at
-        least `margin`, from what drafting steps yielded so far (None: none measured yet). Unlike a
-        prediction from the acceptance rate, this counts what the formula leaves out: drafts cut by the
-        selection (verified rows per sequence well below k), draft passes whose tokens all got cut."""
-        y = self.yields.get(batch)
+    def drafting_rate(self, batch: int, shape: str = "chain") -> Optional[float]:
+        """Tokens per second of drafting steps of this shape at this batch size, as measured (None: none yet)."""
+        y = self.yields.get((batch, shape))
+        if y is None:
+            return None
+        tokens, t_draft, t_step = y
+        return batch * tokens / (t_step + t_draft)
+
+    def best_shape(self, batch: int, shapes: tuple[str, ...]) -> tuple[str, bool]:
+        """(the shape whose drafting steps yielded the most tokens per second at this batch size, whether
+        every shape has been measured there); an unmeasured one first, so that it gets measured."""
+        rates = {s: self.drafting_rate(batch, s) for s in shapes}
+        unmeasured = [s for s in shapes if rates[s] is None]
+        if unmeasured:
+            return unmeasured[0], False
+        return max(shapes, key=lambda s: rates[s]), True
+
+    def drafting_pays(self, batch: int, margin: float = DRAFTING_MARGIN, shape: Optional[str] = None) -> Optional[bool]:
+        """Whether drafting steps (of `shape`; None: the best measured shape) at this batch size emit more
+        tokens per second than plain steps, by at least `margin`, from what drafting steps yielded so
+        far (None: none measured yet). Unlike a prediction from the acceptance rate, this counts what
+        the formula leaves out: drafts cut by the selection (verified rows per sequence well below k),
+        draft passes whose tokens all got cut."""
+        shapes = [shape] if shape is not None else [s for b, s in self.yields if b == batch]
+        rates = [r for r in (self.drafting_rate(batch, s) for s in shapes) if r is not None]
         t_plain = self.plain.get(batch) or self.step_seconds(batch, batch)
-        if y is None or t_plain is None:
+        if not rates or t_plain is None:
             return None
         # Both sides as measured at this batch size: a verify step costs more than the cost curve says
         # for its rows (verification, attention over several query rows per sequence, bookkeeping), and
         # at batch 4 the curve's estimate had drafting win where it lost 7%.
-        tokens, t_draft, t_step = y
-        return tokens / (t_step + t_draft) > margin / t_plain
+        return max(rates) > margin * batch / t_plain
 
     @staticmethod
     def _interp(table: dict[int, float], x: int) -> Optional[float]:
@@ -204,11 +222,12 @@ def _between_keys(keys: list[int], x: int) -> bool:
     return len(keys) >= 2 and keys[0] < x < keys[-1]
 
 
-def calibrate(costs: CostModel, model, kv, blocks, attention: str, max_rows: int, context: int = 128,
-              rows=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)) -> None:
+def calibrate(costs: CostModel, model, kv, blocks, attention: str, plain_attention: str, max_rows: int,
+              context: int = 128, rows=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)) -> None:
     """Time bare target passes over 1..64 rows once, so the cost model starts from measured numbers
     (it keeps measuring while serving). model: the target; kv: its KVCache; blocks: its BlockManager
-    (a scratch table is taken and given back); max_rows: the scheduler's token budget."""
+    (a scratch table is taken and given back); attention: the verify spans' mode, plain_attention:
+    one-row steps' (engine/runner.py); max_rows: the scheduler's token budget."""
     rows = [n for n in rows if n <= max_rows]
     table: list[int] = []
     if not rows or not blocks.can_allocate(table, context + max(rows)):
@@ -217,7 +236,8 @@ def calibrate(costs: CostModel, model, kv, blocks, attention: str, max_rows: int
     dev = model.device
     try:
         for n in [1] + rows:  # the first pass warms up
-            meta = AttentionMetadata.build([n], [context + n], [table], kv.block_size, dev, mode=attention)
+            meta = AttentionMetadata.build([n], [context + n], [table], kv.block_size, dev,
+                                           mode=attention if n > 1 else plain_attention)
             ids = torch.zeros(n, dtype=torch.long, device=dev)
             pos = torch.arange(context, context + n, device=dev)
             best = float("inf")

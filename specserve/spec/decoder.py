@@ -22,14 +22,18 @@ from typing import Callable, Optional
 
 import torch
 
-from ..drafters.base import Drafter, Proposal
+from ..drafters.base import Drafter, Proposal, TreeShape
 from ..sampling.rejection import rejection_sample, verify_greedy
 from ..sampling.sampler import warp_logits
+from ..sampling.tree import children_table, verify_tree, verify_tree_greedy
 from ..types import Draft, Request, RequestStatus
 from .cost_model import DRAFT_COST_GUESS, CostModel
 from .policies import DraftLengthPolicy
 from .selection import select_drafts
 from .stats import SpecStats
+
+AUTO_SHAPES = ("chain", "tree")  # what shape "auto" chooses among (registry.SHAPES)
+MAX_TREE_DEPTH = 32  # the deepest draft any policy asks for (BASS's l_limit)
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,11 @@ class Verified:
     num_drafted: int
     num_accepted: int
     tokens: list[int]  # to emit: the accepted drafts, then one token from the target
+    # the span rows that stay (row 0: the last known token; draft token j is row j + 1): the root and
+    # the accepted path, whose logits rows gave `tokens`. A chain's are 0..num_accepted; a tree's path
+    # may skip rows, whose KV then moves up (Scheduler.keep_rows).
+    rows: tuple[int, ...] = ()
+    depth: int = 0  # the draft's depth (a chain's length)
 
     @property
     def num_rejected(self) -> int:
@@ -53,12 +62,17 @@ class DraftingStep:
     tokens: int  # emitted: one per sequence, plus accepted drafts (added by verify)
     draft_seconds: float = 0.0
     probe: bool = False  # the first drafting step after plain ones
+    shape: str = "chain"  # what was drafted: "chain" or "tree"
 
 
 class SpeculativeDecoder:
     def __init__(self, drafter: Drafter, make_policy: Callable[[], DraftLengthPolicy], fallback: bool = True,
-                 retry_every: int = 4, retry_max: int = 16, prior_alpha: float = 0.5):
+                 retry_every: int = 4, retry_max: int = 16, prior_alpha: float = 0.5, shape: str = "chain",
+                 tree: Optional[TreeShape] = None, explore_every: int = 8):
         self.drafter, self.make_policy, self.fallback = drafter, make_policy, fallback
+        # registry.SHAPES: "chain", "tree" (drafters that make trees), "auto" (chosen by measured yields)
+        self.shape, self.tree = (shape if drafter.makes_trees else "chain"), tree or TreeShape()
+        self.explore_every, self._auto_steps = explore_every, 0
         self.policy = make_policy()  # shared by the batch, as BASS adapts one length for all
         # A seeded sampled request gets a policy of its own, and its fallback looks only at its own
         # acceptance and the start-up calibration at batch 1: its draft lengths, and so its random
@@ -119,6 +133,8 @@ class SpeculativeDecoder:
             # measured, when the acceptance rate predicts it pays. After a run of plain steps, one
             # drafting step to measure again (conditions change along a sequence).
             pays = self.costs.drafting_pays(batch)
+            if self.shape == "auto" and not self.costs.best_shape(batch, AUTO_SHAPES)[1] and pays is not None:
+                pays = True  # a shape not measured at this batch size yet: measure it once
             if pays is None:
                 best = self.costs.best_len(batch, k)
                 k = k if best is None else best
@@ -143,12 +159,29 @@ class SpeculativeDecoder:
         # at the rate a batch's second row costs; `_select` then cuts along the measured cost curve.
         gate = self.costs.break_even_confidence(batch) if self.fallback else None
         floors = [c for c in (self.policy.min_confidence, gate) if c is not None]
-        self._step = DraftingStep(batch, batch, probe=self._probed)
-        self._draft(shared, k, max(floors) if floors else None, select=self.fallback)
+        shape = self._pick_shape(batch)
+        self._step = DraftingStep(batch, batch, probe=self._probed, shape=shape)
+        self._draft(shared, k, max(floors) if floors else None, select=self.fallback, shape=shape)
 
-    def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float], select: bool = False) -> None:
+    def _pick_shape(self, batch: int) -> str:
+        """Chain or tree for this drafting step: as configured, or ("auto") the shape whose drafting
+        steps at this batch size have yielded the most tokens per second, the other one re-measured
+        every `explore_every` drafting steps (which wins flips with the batch and the text)."""
+        if self.shape != "auto":
+            return self.shape
+        best, measured = self.costs.best_shape(batch, AUTO_SHAPES)
+        self._auto_steps += 1
+        if measured and self._auto_steps % self.explore_every == 0:
+            return next(s for s in AUTO_SHAPES if s != best)
+        return best
+
+    def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float], select: bool = False,
+               shape: Optional[str] = None) -> None:
+        """shape: "chain" or "tree"; None: a seeded group's, which must not depend on live timings (a tree
+        only where trees are forced)."""
+        shape = shape or ("tree" if self.shape == "tree" else "chain")
         t0 = time.perf_counter()
-        proposal: Proposal = self.drafter.propose(requests, k, min_confidence)
+        proposal: Proposal = self.drafter.propose(requests, k, min_confidence, self.tree if shape == "tree" else None)
         seconds = time.perf_counter() - t0
         # Draft-model passes only: a step whose drafts all came from lookups ran none, and timing it as
         # draft steps would drag the per-step estimate (and so every drafting decision) towards zero.
@@ -191,12 +224,14 @@ class SpeculativeDecoder:
         each request's draft; returns, per request, the accepted drafts plus one token from the target."""
         drafts = [r.draft for r in requests]
         emitted: list[list[int]] = [[] for _ in requests]
-        accepted = [0] * len(requests)
-        greedy = [i for i, r in enumerate(requests) if r.params.greedy]
-        sampled = [i for i, r in enumerate(requests) if not r.params.greedy]
+        paths: list[list[int]] = [[] for _ in requests]  # accepted draft tokens (indices)
+        chains = [i for i, d in enumerate(drafts) if not d.is_tree]
+        trees = [i for i, d in enumerate(drafts) if d.is_tree]
+        greedy = [i for i in chains if requests[i].params.greedy]
+        sampled = [i for i in chains if not requests[i].params.greedy]
         if greedy:
             for i, (a, nxt) in zip(greedy, verify_greedy([logits[i] for i in greedy], [drafts[i].tokens for i in greedy])):
-                accepted[i] = a
+                paths[i] = list(range(a))
                 emitted[i] = drafts[i].tokens[:a] + [nxt]
         if sampled:
             K = max(len(drafts[i].tokens) for i in sampled)
@@ -220,21 +255,31 @@ class SpeculativeDecoder:
             n_acc, nxt = rejection_sample(p, q, tokens, num, [generators[i] for i in sampled])
             for row, i in enumerate(sampled):
                 a = int(n_acc[row])
-                accepted[i] = a
+                paths[i] = list(range(a))
                 emitted[i] = drafts[i].tokens[:a] + [int(nxt[row])]
+        if trees:
+            for i, path, nxt in self._verify_trees([requests[i] for i in trees], [logits[i] for i in trees],
+                                                   [generators[i] for i in trees], trees):
+                paths[i] = path
+                emitted[i] = [drafts[i].tokens[j] for j in path] + [nxt]
+        accepted = [len(path) for path in paths]
         drafted = [len(d.tokens) for d in drafts]
-        confidences = [d.confidence for d in drafts]
+        depths = [max(d.depths(), default=0) for d in drafts]
+        # the draft-length policy and the per-depth statistics see a tree as its deepest chain, with
+        # the accepted path's confidences
+        confidences = [[d.confidence[j] for j in path] + ([0.0] if len(path) < depth else [])
+                       if d.is_tree else d.confidence for d, path, depth in zip(drafts, paths, depths)]
         for r in requests:
             r.draft = None
-        rejections = sum(a < n for a, n in zip(accepted, drafted))
+        rejections = sum(a < n for a, n in zip(accepted, depths))
         shared = [i for i, r in enumerate(requests) if not self._seeded(r)]
         if self._step is not None:
             self._step.tokens += sum(accepted[i] for i in shared)
         if shared:
-            self.policy.update([drafted[i] for i in shared], [accepted[i] for i in shared], [confidences[i] for i in shared])
+            self.policy.update([depths[i] for i in shared], [accepted[i] for i in shared], [confidences[i] for i in shared])
         for i, r in enumerate(requests):
             if self._seeded(r):
-                self.own_policies[r.request_id].update([drafted[i]], [accepted[i]], [confidences[i]])
+                self.own_policies[r.request_id].update([depths[i]], [accepted[i]], [confidences[i]])
         self.costs.record_acceptance(sum(accepted), rejections)
         s = self.stats
         s.spec_steps += 1
@@ -242,11 +287,45 @@ class SpeculativeDecoder:
         s.drafted += sum(drafted)
         s.accepted += sum(accepted)
         s.rejections += rejections
-        s.record_positions(drafted, accepted)
+        s.record_positions(depths, accepted)
+        s.tree_spans += len(trees)
+        s.tree_nodes += sum(drafted[i] for i in trees)
         for r, a, n in zip(requests, accepted, drafted):
             r.spec_drafted.append(n)
             r.spec_accepted.append(a)
-        return [Verified(n, a, e) for n, a, e in zip(drafted, accepted, emitted)]
+        return [Verified(n, len(path), e, (0,) + tuple(j + 1 for j in path), depth)
+                for n, path, e, depth in zip(drafted, paths, emitted, depths)]
+
+    def _verify_trees(self, requests: list[Request], logits: list[torch.Tensor], generators: list, index: list[int]):
+        """Token-tree drafts (deterministic top-k children): the longest matching path for greedy
+        requests, multi-candidate speculative sampling for sampled ones (sampling/tree.py). Yields
+        (index[i], accepted path of draft indices, the target's next token)."""
+        for greedy in (True, False):
+            sel = [i for i, r in enumerate(requests) if r.params.greedy == greedy]
+            if not sel:
+                continue
+            drafts = [requests[i].draft for i in sel]
+            N = max(len(d.tokens) for d in drafts)
+            V, dev = logits[sel[0]].shape[-1], logits[sel[0]].device
+            tables = [children_table(d.parents) for d in drafts]
+            W = max(t.shape[1] for t in tables)
+            children = torch.full((len(sel), N + 1, W), -1, dtype=torch.long)
+            tokens = torch.zeros(len(sel), N, dtype=torch.long)
+            target = torch.zeros(len(sel), N + 1, V, device=dev)
+            for row, (i, d, t) in enumerate(zip(sel, drafts, tables)):
+                children[row, :t.shape[0], :t.shape[1]] = t
+                tokens[row, :len(d.tokens)] = torch.tensor(d.tokens)
+                n = len(d.tokens) + 1
+                target[row, :n] = logits[i] if greedy else warp_logits(logits[i], requests[i].params)
+            if greedy:
+                paths, nxt = verify_tree_greedy(target, tokens.to(dev), children.to(dev))
+            else:
+                # the uniforms' grid is fixed per request (sampling/tree.py): the deepest draft a policy
+                # asks for, the tree's width
+                paths, nxt = verify_tree(target, None, tokens.to(dev), children.to(dev), [generators[i] for i in sel],
+                                         max_depth=MAX_TREE_DEPTH, max_width=self.tree.top_k)
+            for row, i in enumerate(sel):
+                yield index[i], paths[row], int(nxt[row])
 
     def observe(self, request: Request, start: int, hidden: Optional[torch.Tensor], num_accepted: int) -> None:
         """The target computed rows for request from position start; hidden [valid rows, hidden] (for
@@ -266,7 +345,7 @@ class SpeculativeDecoder:
             # probes are the only news of a sequence turning predictable again.
             st = self._step
             self.costs.record_yield(st.batch, st.tokens, st.draft_seconds, step_seconds=seconds,
-                                    ema=0.5 if st.probe else 0.2)
+                                    ema=0.5 if st.probe else 0.2, shape=st.shape)
             self._step = None
         s = self.stats
         s.target_steps += 1

@@ -13,14 +13,14 @@ def select_drafts(drafts: list[Draft], curve: list[float]) -> list[Draft]:
     most expected tokens beyond that cost. Time already spent drafting is sunk and changes nothing here.
     On a CPU the curve is not a line (kernel builds change with the rows: AVX up to 8, AMX past that,
     dense products past the block kernel's limit in models.layers), so this is a budget for the whole
-    batch rather than a per-token threshold. It looks at draft-side
-    information only, so verification stays exact."""
+    batch rather than a per-token threshold. A token tree is cut the same way: its nodes by falling
+    cumulative confidence, which keeps every kept node's parent (a child never scores above its
+    parent, and parents come first on ties). It looks at draft-side information only, so
+    verification stays exact."""
     batch = len(drafts)
     candidates = []  # (cumulative confidence, position in its draft, sequence)
     for i, d in enumerate(drafts):
-        cum = 1.0
-        for j, c in enumerate(d.confidence):
-            cum *= c
+        for j, cum in enumerate(d.cumulative()):
             candidates.append((cum, j, i))
     candidates.sort(key=lambda t: (-t[0], t[1]))
     plain_rate = batch / curve[0]  # tokens per second without drafts
@@ -30,8 +30,8 @@ def select_drafts(drafts: list[Draft], curve: list[float]) -> list[Draft]:
         surplus = expected - plain_rate * (t - curve[0])
         if surplus > best_surplus:
             best_n, best_surplus = n, surplus
-    keep = [0] * batch
+    keep: list[list[int]] = [[] for _ in drafts]
     for _, j, i in candidates[:best_n]:
-        keep[i] = max(keep[i], j + 1)
-    return [d.truncated(n) for d, n in zip(drafts, keep)]
+        keep[i].append(j)
+    return [d.subset(k) for d, k in zip(drafts, keep)]
 

@@ -19,10 +19,13 @@ class SpecStats:
     decode_seq_steps: int = 0  # (sequence, decode step) pairs
     drafted_at: list[int] = field(default_factory=list)  # [position]: drafts proposed at draft position i
     accepted_at: list[int] = field(default_factory=list)  # and accepted there
+    tree_spans: int = 0  # verify spans that were token trees
+    tree_nodes: int = 0  # their draft tokens
     speculating: bool = False  # whether the last decode step verified drafts (the cost model's live choice)
 
     def record_positions(self, drafted: list[int], accepted: list[int]) -> None:
-        """Per verified sequence: drafts proposed and accepted (a prefix of them)."""
+        """Per verified sequence: drafts proposed (a tree's depth) and accepted (a prefix of them, a
+        tree's accepted path): acceptance by draft position, by tree depth for a tree."""
         for n, a in zip(drafted, accepted):
             if n > len(self.drafted_at):
                 grow = n - len(self.drafted_at)
@@ -48,4 +51,6 @@ class SpecStats:
                 "tokens_per_target_step": self.decode_tokens / self.decode_seq_steps if self.decode_seq_steps else None,
                 "draft_seconds": round(self.draft_seconds, 4), "target_seconds": round(self.target_seconds, 4),
                 "acceptance_by_position": [a / d for a, d in zip(self.accepted_at, self.drafted_at)],
+                "tree_spans": self.tree_spans,
+                "mean_tree_nodes": self.tree_nodes / self.tree_spans if self.tree_spans else None,
                 "speculating": self.speculating}

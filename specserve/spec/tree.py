@@ -71,13 +71,21 @@ def expand(next_topk: NextTopK, depth: int, top_k: int, beam: int) -> TokenTree:
     return tree
 
 
-def rerank(tree: TokenTree, budget: int) -> TokenTree:
-    """The `budget` nodes with the highest cumulative confidence, as a tree in topological order."""
+def rerank_indices(tree: TokenTree, budget: int) -> list[int]:
+    """The indices of the `budget` nodes with the highest cumulative confidence, in order."""
     if budget >= len(tree):
-        return tree
+        return list(range(len(tree)))
     keep = sorted(sorted(range(len(tree)), key=lambda j: (-tree.scores[j], j))[:max(budget, 0)])
     kept = set(keep)
     assert all(tree.parents[j] < 0 or tree.parents[j] in kept for j in keep), "a kept node lost its parent"
+    return keep
+
+
+def rerank(tree: TokenTree, budget: int) -> TokenTree:
+    """The `budget` nodes with the highest cumulative confidence, as a tree in topological order."""
+    keep = rerank_indices(tree, budget)
+    if len(keep) == len(tree):
+        return tree
     index = {j: i for i, j in enumerate(keep)}
     return TokenTree([tree.tokens[j] for j in keep], [index.get(tree.parents[j], -1) for j in keep],
                      [tree.scores[j] for j in keep])

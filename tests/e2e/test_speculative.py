@@ -1,6 +1,7 @@
 """Speculative decoding on the embedded model is lossless: greedy output is token-identical to regular
 decoding for 20 HumanEval prompts, at batch 1 and batch 8, with PAD and SPLIT attention, with every
-draft-length policy and every drafter; seeded sampling repeats; bad settings fail with one line.
+draft-length policy and every drafter, as chains and as token trees; seeded sampling repeats; bad
+settings fail with one line.
 
 fallback=False everywhere: the cost model must not be allowed to turn speculation off and make the
 comparison trivially pass."""
@@ -24,6 +25,9 @@ CONFIGS = {
     "eagle-bass-pad": dict(method="draft", policy="bass", attention="pad"),
     "eagle-fixed3": dict(method="draft", policy="fixed", draft_len=3),
     "eagle-threshold": dict(method="draft", policy="threshold"),
+    "eagle-tree-split": dict(method="draft", policy="bass", shape="tree", attention="split"),
+    "eagle-tree-pad": dict(method="draft", policy="bass", shape="tree", attention="pad"),
+    "eagle-tree-threshold": dict(method="draft", policy="threshold", shape="tree", tree_top_k=3, tree_beam=2),
     "lookup-bass": dict(method="lookup", policy="bass"),
     "lookup-fixed-pad": dict(method="lookup", policy="fixed", draft_len=4, attention="pad"),
     "lookup+draft-bass": dict(method="lookup+draft", policy="bass"),
@@ -40,6 +44,8 @@ def test_greedy_speculative_equals_regular_decoding(name, reference):
         assert b.outputs[0].token_ids == ref
     stats = llm.spec_stats()
     assert stats["spec_steps"] > 0 and stats["accepted"] > 0  # it really speculated, and some drafts were accepted
+    if CONFIGS[name].get("shape") == "tree":  # trees that branch were verified (a draft that is a chain is sent as one)
+        assert stats["tree_spans"] > 0
     for out in alone + batch8:
         o = out.outputs[0]
         assert o.accepted_per_step and all(0 <= a <= d for a, d in zip(o.accepted_per_step, o.drafted_per_step))
@@ -62,12 +68,13 @@ def test_draft_model_drafter_with_the_target_as_its_own_draft_accepts_everything
         assert llm.generate(p, GREEDY)[0].outputs[0].token_ids == ref
 
 
-@pytest.mark.parametrize("method, fallback", [("draft", False), ("lookup", False), ("lookup+draft", False),
-                                              ("draft", True)])  # lookup+draft mixes q = one-hot and q = probs
-def test_seeded_sampling_repeats(method, fallback):
+@pytest.mark.parametrize("method, fallback, shape", [("draft", False, "chain"), ("lookup", False, "chain"),
+                                                     ("lookup+draft", False, "chain"), ("draft", True, "chain"),
+                                                     ("draft", False, "tree")])  # lookup+draft mixes q = one-hot and q = probs
+def test_seeded_sampling_repeats(method, fallback, shape):
     """Same seed, same output, whatever the batch; with the cost-model fallback on too (a seeded
     request's draft lengths follow its own acceptance and the batch-1 calibration only)."""
-    llm = LLM(speculative=dict(method=method, fallback=fallback), kv_cache_gib=0.25)
+    llm = LLM(speculative=dict(method=method, fallback=fallback, shape=shape), kv_cache_gib=0.25)
     params = SamplingParams(temperature=0.8, top_p=0.95, seed=5, max_tokens=40, ignore_eos=True)
     a = llm.generate(PROMPTS[:3], params)
     b = llm.generate(PROMPTS[:3], params)
@@ -79,12 +86,13 @@ def test_seeded_sampling_repeats(method, fallback):
     assert len({tuple(o.outputs[0].token_ids) for o in a}) == 3
 
 
-def test_top_k_logprobs_of_verified_tokens_equal_regular_decoding(embedded_llm):
-    """logprobs=k through the verify pass (a span of 1 + k rows per request) gives the same tokens,
-    the same top ids and the same values as plain decoding."""
+@pytest.mark.parametrize("spec", [dict(method="lookup"), dict(method="draft", shape="tree")])
+def test_top_k_logprobs_of_verified_tokens_equal_regular_decoding(embedded_llm, spec):
+    """logprobs=k through the verify pass (a span of 1 + k rows per request; a tree's accepted path)
+    gives the same tokens, the same top ids and the same values as plain decoding."""
     params = SamplingParams(temperature=0, max_tokens=24, logprobs=3)
     plain = embedded_llm.generate(PROMPTS[:4], params)
-    llm = LLM(speculative=dict(method="lookup", fallback=False), kv_cache_gib=0.25)
+    llm = LLM(speculative=dict(spec, fallback=False), kv_cache_gib=0.25)
     spec = llm.generate(PROMPTS[:4], params)
     assert llm.spec_stats()["accepted"] > 0
     for a, b in zip(plain, spec):
@@ -115,6 +123,8 @@ def test_a_request_can_opt_out_of_speculation(reference):
     (dict(lookup_max_ngram=0), "lookup_max_ngram must be an integer >= 1"),
     (dict(lookup_max_ngram=2.5), "lookup_max_ngram must be an integer >= 1"),
     (dict(fallback="no"), "fallback must be True or False"),
+    (dict(shape="forest"), "unknown draft shape"),
+    (dict(tree_top_k=0), "tree_top_k must be an integer >= 1"),
 ])
 def test_bad_settings_fail_with_one_line(spec, message):
     with pytest.raises(ValueError, match=message) as e:

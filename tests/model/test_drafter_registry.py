@@ -20,7 +20,7 @@ class RepeatDrafter(Drafter):
     def __init__(self):
         self.proposals = 0
 
-    def propose(self, requests, max_len, min_confidence=None):
+    def propose(self, requests, max_len, min_confidence=None, tree=None):
         self.proposals += 1
         return Proposal([Draft([r.token_at(r.num_tokens - 1)] * max_len, None, [0.5] * max_len) for r in requests])
 

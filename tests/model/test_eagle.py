@@ -134,3 +134,56 @@ def test_eagle_fused_layer_matches_op_by_op(tiny_dir):
             out.append(serving.forward(emb[a:b], feat[a:b], torch.arange(a, b), target.rotary, meta, kv.k[0], kv.v[0]))
         outs.append(torch.cat(out))
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("attention", ["split", "pad"])
+def test_eagle_tree_drafts_equal_the_reference_expansion(tiny_dir, tmp_path, attention):
+    """The batched, level-by-level EAGLE-2 tree (fed nodes attending to their ancestors only) equals
+    spec.tree.expand driven by a reference that runs the draft as a plain chain along each path."""
+    from specserve.drafters import TreeShape
+    from specserve.spec.tree import expand, rerank
+    from specserve.types import Request, SamplingParams
+
+    arch, net, _ = _random_draft(tiny_dir, seed=2)
+    net.save(str(tmp_path / "draft"), dtype=torch.float32)
+    llm = LLM(tiny_dir, kv_cache_gib=0.01, block_size=4,
+              speculative=dict(method="draft", draft_model=str(tmp_path / "draft"), attention=attention))
+    drafter = llm.engine.speculator.drafter
+    g = torch.Generator().manual_seed(3)
+    reqs = [Request(f"r{i}", torch.randint(0, 64, (n,), generator=g).tolist(), SamplingParams(temperature=0))
+            for i, n in enumerate((9, 14))]
+    feats = {r.request_id: torch.randn(r.num_tokens - 1, arch.hidden_size, generator=g) for r in reqs}
+
+    def fresh():
+        for r in reqs:
+            drafter.release(r)
+            drafter.observe(r, 0, feats[r.request_id], 0)
+
+    depth, shape = 4, TreeShape(top_k=3, beam=2, max_nodes=100)
+    fresh()
+    drafts = drafter.propose(reqs, depth, None, shape).drafts
+
+    def reference(r):
+        def next_topk(paths, k):
+            out = []
+            for path in paths:  # the draft as a chain along the path, from a fresh catch-up
+                fresh()
+                assert drafter.kv.reserve(r.request_id, r.num_tokens - 1 + depth)
+                f, _ = drafter._catch_up([r])
+                for i, tok in enumerate(path):
+                    pos = r.num_tokens - 1 + i
+                    f = drafter._forward([r], f, [tok], [pos], [1], [drafter.kv.num_done[r.request_id] + i + 1])
+                p, ids = torch.softmax(drafter._logits(f).float(), -1)[0].topk(k)
+                out.append((ids.tolist(), p.tolist()))
+            return out
+        return expand(next_topk, depth, shape.top_k, shape.beam)
+
+    for r, d in zip(reqs, drafts):
+        ref = reference(r)
+        assert d.tokens == ref.tokens and d.parents == ref.parents and len(ref) > depth  # it branched
+        torch.testing.assert_close(torch.tensor(d.cumulative()), torch.tensor(ref.scores), rtol=1e-4, atol=1e-6)
+        # cut to a node budget: the reranked reference
+        fresh()
+        small = drafter.propose([r], depth, None, TreeShape(3, 2, max_nodes=6)).drafts[0]
+        cut = rerank(ref, 6)
+        assert small.tokens == cut.tokens and small.parent_list() == cut.parents

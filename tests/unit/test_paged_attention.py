@@ -61,44 +61,77 @@ def test_ragged_paged_attention_matches_reference(path, monkeypatch):
     torch.testing.assert_close(ours, reference(q, k_cache, v_cache, tables), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["split", "pad"])
-def test_tree_spans_attend_to_their_ancestors_only(mode):
-    """Sequence 1's span is a tree (root, then nodes with parents), sequence 0 a causal chain. Every
-    tree row must get what the same row gets as the last row of a causal chain made of its path."""
-    g = torch.Generator().manual_seed(1)
-    parents = [-1, 0, 0, 1, 1, 2, 4]  # span rows: root; 1, 2 under it; 3, 4 under 1; 5 under 2; 6 under 4
-    q_lens, kv_lens = [3, len(parents)], [9, 10 + len(parents)]
-    num_blocks = 16
+def _tree_case(g, parents, q_tree):
+    """A chain of 3 queries beside a tree whose last q_tree rows are queries (the rows before them
+    already cached), each sequence's blocks scattered."""
+    q_lens, kv_lens = [3, q_tree], [9, 10 + len(parents)]
     tables = [[3, 7, 1], [5, 0, 9, 12, 2]]
-    k_cache = torch.randn(num_blocks * BS, HKV, D, generator=g)
-    v_cache = torch.randn(num_blocks * BS, HKV, D, generator=g)
+    k_cache = torch.randn(16 * BS, HKV, D, generator=g)
+    v_cache = torch.randn(16 * BS, HKV, D, generator=g)
     T = sum(q_lens)
     q = torch.randn(T, H, D, generator=g)
     k_new, v_new = torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
+    return q_lens, kv_lens, tables, k_cache, v_cache, q, k_new, v_new
+
+
+def _slot(table, p):
+    return table[p // BS] * BS + p % BS
+
+
+TREE = [-1, 0, 0, 1, 1, 2, 4]  # span rows: root; 1, 2 under it; 3, 4 under 1; 5 under 2; 6 under 4
+# a drafter's tree, its last level fed while three earlier rows are cached: rows 0 and 1 hang from the
+# context directly, row 2 under 0, the queries 3 (under 2) and 4 (under 1)
+DRAFT_TREE = [-1, -1, 0, 2, 1]
+
+
+@pytest.mark.parametrize("path", ["kernel", "split", "pad"])
+@pytest.mark.parametrize("parents,q_tree", [(TREE, len(TREE)), (DRAFT_TREE, 2)])
+def test_tree_spans_attend_to_their_ancestors_only(path, parents, q_tree, monkeypatch):
+    """Sequence 1 ends in a tree, sequence 0 is a causal chain. Every tree query must get what the
+    last row of a causal chain made of its path gets; through the C++ kernel, bit for bit."""
+    if path == "kernel" and not kernels.available():
+        pytest.skip("no block kernels")
+    if path == "split":
+        monkeypatch.setattr(kernels, "available", lambda: False)
+    mode = "pad" if path == "pad" else "split"
+    g = torch.Generator().manual_seed(1)
+    q_lens, kv_lens, tables, k_cache, v_cache, q, k_new, v_new = _tree_case(g, parents, q_tree)
     meta = AttentionMetadata.build(q_lens, kv_lens, tables, BS, torch.device("cpu"), mode=mode,
                                    span_parents=[None, parents])
-    assert not meta.use_paged_kernel  # the C++ kernel is causal-only
+    assert meta.use_paged_kernel == (path == "kernel")
     ours = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, D ** -0.5)
 
-    def slot(table, p):
-        return table[p // BS] * BS + p % BS
-
-    ctx = kv_lens[1] - q_lens[1]
-    for r in range(len(parents)):
-        path, a = [], r
+    L = len(parents)
+    ctx = kv_lens[1] - L
+    for r in range(L - q_tree, L):
+        path_rows, a = [], r
         while a >= 0:
-            path.append(a)
+            path_rows.append(a)
             a = parents[a]
-        path = path[::-1]  # span rows root .. r
-        slots = torch.tensor([slot(tables[1], p) for p in range(ctx)] + [slot(tables[1], ctx + a) for a in path])
+        path_rows = path_rows[::-1]  # tree rows from the top down to r
+        slots = torch.tensor([_slot(tables[1], p) for p in range(ctx)] + [_slot(tables[1], ctx + a) for a in path_rows])
         keys = k_cache[slots].repeat_interleave(H // HKV, dim=1)
         vals = v_cache[slots].repeat_interleave(H // HKV, dim=1)
-        s = torch.einsum("hd,khd->hk", q[q_lens[0] + r], keys) / D ** 0.5
+        row = q_lens[0] + r - (L - q_tree)
+        s = torch.einsum("hd,khd->hk", q[row], keys) / D ** 0.5
         want = torch.einsum("hk,khd->hd", s.softmax(-1), vals)
-        torch.testing.assert_close(ours[q_lens[0] + r], want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours[row], want, rtol=1e-5, atol=1e-5)
+        if path == "kernel":
+            # the same keys laid out as a causal chain in a fresh cache: the kernel's answer is identical
+            n = len(slots)
+            kc, vc = torch.zeros(-(-n // BS) * BS, HKV, D), torch.zeros(-(-n // BS) * BS, HKV, D)
+            kc[:n], vc[:n] = k_cache[slots], v_cache[slots]
+            chain = AttentionMetadata.build([1], [n], [list(range(-(-n // BS)))], BS, torch.device("cpu"))
+            got = paged_attention(q[row:row + 1], kc[n - 1:n].clone(), vc[n - 1:n].clone(), kc, vc, chain, D ** -0.5)
+            assert torch.equal(got[0], ours[row])
     # the chain beside it is untouched by the tree: same as in a batch of its own
     alone = AttentionMetadata.build(q_lens[:1], kv_lens[:1], tables[:1], BS, torch.device("cpu"), mode=mode)
     torch.testing.assert_close(paged_attention(q[:3], k_new[:3], v_new[:3], k_cache, v_cache, alone, D ** -0.5),
                                ours[:3], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="span_parents"):
-        AttentionMetadata.build([3], [9], tables[:1], BS, torch.device("cpu"), span_parents=[[-1, 0, 2]])
+
+
+def test_bad_tree_spans_are_refused():
+    with pytest.raises(ValueError, match="span_parents"):  # row 2's parent is itself
+        AttentionMetadata.build([3], [9], [[0, 1, 2]], BS, torch.device("cpu"), span_parents=[[-1, 0, 2]])
+    with pytest.raises(ValueError, match="span_parents"):  # fewer tree rows than queries
+        AttentionMetadata.build([3], [9], [[0, 1, 2]], BS, torch.device("cpu"), span_parents=[[-1, 0]])

@@ -133,3 +133,23 @@ def test_dropped_drafts_and_preemption_clear_the_draft():
     r.draft = Draft([1, 2, 3, 4])  # 1 + 4 tokens > budget 3: the draft is dropped, the token stays
     out = s.schedule()
     assert r.draft is None and out.scheduled[0].num_new_tokens == 1 and out.scheduled[0].num_draft_tokens == 0
+
+
+def test_keep_rows_moves_a_tree_path_next_to_its_root_and_rolls_back_the_rest():
+    """A verify span of 1 + 6 rows from position 5 (blocks of 4) keeps its root and the tree nodes at
+    span rows 2 and 5: they move to positions 6 and 7; positions 8.. go, and the third block with them."""
+    bm = BlockManager(num_blocks=16, block_size=4)
+    s = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
+    r = Request("r", list(range(6)), SamplingParams())
+    bm.allocate(r.block_table, 12)
+    r.num_computed_tokens = 12  # 5 context tokens, the root at 5, six tree rows at 6..11
+    t = list(r.block_table)
+    moves = s.keep_rows(r, 5, [0, 2, 5])
+    # span row 2 (position 7: block 1, slot 3) -> position 6 (block 1, slot 2); row 5 (position 10:
+    # block 2, slot 2) -> position 7 (block 1, slot 3)
+    assert moves == [(t[1] * 4 + 3, t[1] * 4 + 2), (t[2] * 4 + 2, t[1] * 4 + 3)]
+    assert r.num_computed_tokens == 8 and r.block_table == t[:2] and bm.num_free_blocks == 14
+    # a chain's accepted prefix moves nothing
+    assert s.keep_rows(r, 5, [0, 1]) == [] and r.num_computed_tokens == 7
+    with pytest.raises(ValueError, match="cannot keep rows"):
+        s.keep_rows(r, 5, [0, 2, 1])

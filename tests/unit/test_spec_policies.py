@@ -186,7 +186,7 @@ def test_seeded_requests_with_the_same_length_draft_in_one_pass():
         def __init__(self):
             self.calls = []
 
-        def propose(self, requests, max_len, min_confidence=None):
+        def propose(self, requests, max_len, min_confidence=None, tree=None):
             self.calls.append(([r.request_id for r in requests], max_len))
             return Proposal([Draft([1] * max_len, None, [1.0] * max_len) for _ in requests])
 
@@ -215,7 +215,7 @@ def test_lookups_are_not_timed_as_draft_model_steps():
     class Mixed(Drafter):
         model_runs = False
 
-        def propose(self, requests, max_len, min_confidence=None):
+        def propose(self, requests, max_len, min_confidence=None, tree=None):
             if self.model_runs:
                 time.sleep(0.01)  # a draft model: 2 passes over the batch
                 return Proposal([Draft([1, 2], None, [0.9, 0.9]) for _ in requests], model_passes=2,
@@ -250,3 +250,22 @@ def test_the_live_choice_follows_the_batch_size():
     c.record_yield(1, tokens=2, draft_seconds=3e-3, step_seconds=11e-3)  # 2 tokens in 14 ms vs 1 in 10
     c.record_yield(16, tokens=24, draft_seconds=6e-3, step_seconds=45e-3)  # 24 in 51 ms vs 16 in 25
     assert c.drafting_pays(1) is True and c.drafting_pays(16) is False and c.drafting_pays(1) is True
+
+
+def test_selection_cuts_a_tree_by_cumulative_confidence_and_keeps_parents():
+    from specserve.spec import select_drafts
+    from specserve.types import Draft
+    # root -> 0 (0.8) -> 2 (0.9: 0.72) -> 4 (0.5: 0.36); root -> 1 (0.15); 0 -> 3 (0.05: 0.04)
+    t = Draft([10, 11, 12, 13, 14], None, [0.8, 0.15, 0.9, 0.05, 0.5], [-1, -1, 0, 0, 2])
+    assert t.depths() == [1, 1, 2, 2, 3]
+    assert [round(c, 4) for c in t.cumulative()] == [0.8, 0.15, 0.72, 0.04, 0.36]
+    # rows cost 0.3 of a plain token: nodes likelier than 0.3 (0, 2, 4) pay; as a chain, since they form one
+    cut = select_drafts([t], [10 + 3 * n for n in range(6)])[0]
+    assert cut.tokens == [10, 12, 14] and not cut.is_tree and cut.confidence == [0.8, 0.9, 0.5]
+    # rows nearly free: the whole tree
+    assert select_drafts([t], [10 + 0.01 * n for n in range(6)])[0] is t
+    # rows at 0.1 of a token: node 1 (0.15) joins, a branch: a tree with reindexed parents
+    cut = select_drafts([t], [10 + n for n in range(6)])[0]
+    assert cut.tokens == [10, 11, 12, 14] and cut.parents == [-1, -1, 0, 2]
+    with pytest.raises(ValueError, match="parent is not kept"):
+        t.subset([0, 4])

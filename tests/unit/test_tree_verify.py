@@ -143,3 +143,33 @@ def test_the_accepted_path_moves_next_to_the_root_in_the_kv_cache():
     assert accepted_rows_to_keep([0]) == [] and accepted_rows_to_keep([]) == [] and accepted_rows_to_keep([0, 3]) == [(4, 2)]
     with pytest.raises(ValueError, match="2 sources for 1"):
         kv.move_slots([1, 2], [3])
+
+
+def test_a_tree_that_differs_off_the_walked_path_draws_the_same():
+    """The uniforms are keyed by (depth, sibling rank) on a fixed grid: extra nodes the walk never
+    reaches change nothing, and the generator always advances by the same count."""
+    M = _markov(4)
+    base = [-1, -1, 0, 2]  # root -> 0, 1; 0 -> 2 -> 3
+    extra = base + [1, 4]  # node 1 grows a branch: 1 -> 4 -> 5
+
+    top = lambda t, r=0: int(M[t].argsort(descending=True)[r])
+    n0 = top(5)  # the target's likeliest tokens, so that the walk goes deep
+    n2 = top(n0)
+    n3 = top(n2)
+    toks = [n0, top(5, 1), n2, n3, 0, 1]
+
+    def run(parents, seed):
+        tokens = torch.tensor([toks[:len(parents)]])
+        last = torch.tensor([[5] + [toks[j] for j in range(len(parents))]])
+        g = torch.Generator().manual_seed(seed)
+        paths, nxt = verify_tree(M[last], None, tokens, children_table(parents, width=3)[None], [g],
+                                 max_depth=8, max_width=3)
+        return paths[0], nxt.tolist(), torch.rand(1, generator=g).item()
+
+    compared = 0
+    for seed in range(40):
+        a, b = run(base, seed), run(extra, seed)
+        if a[0][:1] == [0]:  # the walk went down node 0, away from node 1's branch
+            assert a == b
+            compared += 1
+    assert compared >= 5
