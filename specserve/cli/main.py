@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = bsub.add_parser("spec", help="speculative vs regular decoding: the BASS tables, ablations, Pass@1, peers")
     sp.add_argument("--batch-sizes", default="1,2,4,8,16")
-    sp.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (T=0.2, top-p 0.95)")
+    sp.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (T=0.2, top-p 0.95), or none")
     sp.add_argument("--sequences", type=positive_int, default=64, help="sequences per batch size (batches of that size)")
     sp.add_argument("--min-rounds", type=positive_int, default=8,
                     help="at least this many batches per batch size (one batch's speedup moves by ~10%% with the VM)")
@@ -139,6 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--pass-at-1", action=argparse.BooleanOptionalAction, default=True, help="all 164 problems, RD and spec")
     sp.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True, help="HF transformers, llama.cpp")
     sp.add_argument("--peer-prompts", type=positive_int, default=3)
+    sp.add_argument("--shapes", action=argparse.BooleanOptionalAction, default=True,
+                    help="chains vs token trees vs auto, on HumanEval and on prompts beyond code")
+    sp.add_argument("--forced", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --shapes: forced configurations (pad, tree, fixed k=8, lookup) against RD")
+    sp.add_argument("--tree-sizes", action=argparse.BooleanOptionalAction, default=True,
+                    help="batch 1, fallback off: tokens per target step and speed as trees grow")
+    sp.add_argument("--shape-sequences", type=positive_int, default=16, help="sequences per batch size in the shapes part")
+    sp.add_argument("--shape-min-rounds", type=positive_int, default=4)
+    sp.add_argument("--per-category", type=positive_int, default=8, help="prompts per category beyond code (at most 8)")
     sp.add_argument("--out", default="bench/results")
     add_model_args(sp)
     add_spec_args(sp, default="draft")

@@ -13,6 +13,9 @@ HELP = {
     "corpus_tokens": "stdlib tokens to use (0: all)",
     "generate": "function prompts the target continues greedily, as self-distillation data",
     "gen_private": "also continue _private functions' prompts (more self-distillation data)",
+    "instructions": "instructions beyond code (chat, summaries, translations, math, questions, code explanations) "
+                    "the target answers through its chat template, as self-distillation data",
+    "instr_weight": "share of each batch drawn from the instruction answers",
     "draft_vocab": "tokens in the draft's reduced LM head",
     "device": "cpu or cuda[:N]",
     "time_limit_s": "stop early after this many seconds, still writing the draft",

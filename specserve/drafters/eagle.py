@@ -12,7 +12,7 @@ nodes of highest cumulative confidence of the level before (each with its parent
 feature, at its depth's position) in one pass for the whole batch, and takes the top_k children of
 each. The fed nodes' draft KV rows sit after the context in the order they were fed; each attends to
 the context and its own ancestors only (a tree longer than its queries: AttentionMetadata.span_parents).
-The tree is then cut to the max_nodes nodes of highest cumulative confidence (spec/tree.rerank).
+The tree is then cut to the max_nodes nodes of highest cumulative confidence (drafters/tree.rerank).
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from typing import Optional
 import torch
 
 from ..models.eagle import EagleNet, EagleServing
-from ..spec.tree import TokenTree, rerank_indices
 from ..types import Draft, Request
 from .base import Drafter, DrafterContext, Proposal, TreeShape
 from .common import DraftKV, DraftPicker, autoregressive_drafts
+from .tree import TokenTree, rerank_indices
 
 
 class EagleDrafter(Drafter):

@@ -44,9 +44,11 @@ class LookupFirstDrafter(Drafter):
         return self.lookup.propose(requests, max_len)
 
     def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:
+        self.lookup.observe(request, start, hidden, num_accepted)  # counts its copies' acceptance
         self.model.observe(request, start, hidden, num_accepted)
 
     def release(self, request: Request) -> None:
+        self.lookup.release(request)
         self.model.release(request)
 
     def fork(self, parent: Request, child: Request) -> None:

@@ -9,16 +9,17 @@ from ..types import Draft, Request
 from .base import Drafter, DrafterContext, Proposal
 
 # How often a looked-up token is accepted, by the length of the n-gram that matched: (the first token,
-# each later one given the ones before it were). A copy has no probability of its own, so these measured
-# rates are its confidence, which the engine weighs against what a verify row costs. Measured on
-# HumanEval 0-39 with the embedded model, greedy, lookup alone, fixed k = 6 (2,939 first tokens):
-# a 1-gram match is right a quarter of the time, a 4-gram one 94%.
+# each later one given the ones before it were). A copy has no probability of its own, so these rates
+# are its confidence, which the engine weighs against what a verify row costs. Measured on HumanEval
+# 0-39 with the embedded model, greedy, lookup alone, fixed k = 6 (2,939 first tokens): a 1-gram match
+# is right a quarter of the time, a 4-gram one 94%. They are the prior only: on chat, summaries or
+# translations copies are right far less often (bench/results/spec-cpu-20261124-072437.md: lookup
+# alone lost up to 13% beyond code at batch 4-16 with these constants), so the drafter keeps counting
+# what its copies got accepted, over all requests (decayed) and per request, and drafts with that.
 LOOKUP_CONFIDENCE = {1: (0.25, 0.65), 2: (0.45, 0.72), 3: (0.73, 0.85), 4: (0.94, 0.94)}
-
-
-def lookup_confidence(ngram: int, num_tokens: int) -> list[float]:
-    first, rest = LOOKUP_CONFIDENCE[min(ngram, max(LOOKUP_CONFIDENCE))]
-    return [first] + [rest] * (num_tokens - 1)
+PRIOR_WEIGHT = 20.0  # the constants count as this many observations in the global estimate
+REQUEST_WEIGHT = 8.0  # the global estimate counts as this many in a request's own
+DECAY = 0.995  # per verified lookup draft: the global counts follow what is being served now
 
 
 def build(spec, ctx: DrafterContext) -> Drafter:
@@ -28,17 +29,56 @@ def build(spec, ctx: DrafterContext) -> Drafter:
 class PromptLookupDrafter(Drafter):
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        # per n-gram length: [first accepted, first tried, later accepted, later tried] (decayed)
+        self.counts = {n: [0.0, 0.0, 0.0, 0.0] for n in LOOKUP_CONFIDENCE}
+        self.own: dict[str, dict[int, list[float]]] = {}  # the same per request
+        self.proposed: dict[str, tuple[int, int]] = {}  # rid -> (n-gram, verify steps before this draft)
+
+    def confidence(self, ngram: int, num_tokens: int, rid: Optional[str] = None) -> list[float]:
+        """Estimated acceptance of each of a copy's tokens: the measured rates for its n-gram length,
+        from the prior, everything verified since, and the request's own copies."""
+        n = min(ngram, max(LOOKUP_CONFIDENCE))
+        rates = []
+        for i, prior in enumerate(LOOKUP_CONFIDENCE[n]):
+            acc, tried = self.counts[n][2 * i], self.counts[n][2 * i + 1]
+            rate = (PRIOR_WEIGHT * prior + acc) / (PRIOR_WEIGHT + tried)
+            own = self.own.get(rid, {}).get(n)
+            if own is not None:
+                rate = (REQUEST_WEIGHT * rate + own[2 * i]) / (REQUEST_WEIGHT + own[2 * i + 1])
+            rates.append(rate)
+        return [rates[0]] + [rates[1]] * (num_tokens - 1)
 
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
                 tree=None) -> Proposal:
         drafts = []
         for r in requests:
             tokens, ngram = self._lookup(r.all_token_ids, max_len)
-            drafts.append(Draft(tokens, None, lookup_confidence(ngram, len(tokens)) if tokens else []))
+            drafts.append(Draft(tokens, None, self.confidence(ngram, len(tokens), r.request_id) if tokens else []))
+            if tokens:
+                self.proposed[r.request_id] = (ngram, len(r.spec_drafted))
         return Proposal(drafts)
 
     def propose_free(self, requests: list[Request], max_len: int) -> Optional[Proposal]:
         return self.propose(requests, max_len)
+
+    def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:
+        """Count what this request's copy (if one was verified this step: `request.spec_drafted` has
+        grown by one since it was proposed) got accepted."""
+        got = self.proposed.pop(request.request_id, None)
+        if got is None or len(request.spec_drafted) != got[1] + 1:
+            return  # no copy of ours was verified (cut by the selection, or dropped by the scheduler)
+        n, tried, acc = min(got[0], max(LOOKUP_CONFIDENCE)), request.spec_drafted[-1], request.spec_accepted[-1]
+        if tried == 0:
+            return
+        update = [float(acc >= 1), 1.0, float(max(0, min(acc, tried) - 1)), float(min(acc, tried - 1))]
+        self.counts[n] = [DECAY * c + u for c, u in zip(self.counts[n], update)]
+        own = self.own.setdefault(request.request_id, {}).setdefault(n, [0.0, 0.0, 0.0, 0.0])
+        for i, u in enumerate(update):
+            own[i] += u
+
+    def release(self, request: Request) -> None:
+        self.own.pop(request.request_id, None)
+        self.proposed.pop(request.request_id, None)
 
     def _lookup(self, ids: list[int], k: int) -> tuple[list[int], int]:
         """Up to k tokens that followed the latest earlier occurrence of the longest matching tail

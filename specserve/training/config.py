@@ -14,6 +14,7 @@ class DistillConfig:
     generate: int = 0  # function prompts the target continues greedily (self-distillation data)
     gen_tokens: int = 128
     gen_private: bool = False  # prompts from _private functions too (about 20% more)
+    instructions: int = 0  # instructions (training/instructions.py) the target answers through its chat template
     draft_vocab: int = 8192  # size of the draft's reduced LM head (most frequent tokens of the data)
     init_layer: int = -1  # target layer the draft's decoder layer starts from (-1: the last)
     init_from: Optional[str] = None  # continue from an existing draft directory (its vocabulary is kept)
@@ -25,6 +26,7 @@ class DistillConfig:
     w_reg: float = 0.1
     noise: float = 0.05  # input feature noise, relative to each feature vector's RMS
     gen_weight: float = 0.5  # share of each batch drawn from the target's generations (when there are any)
+    instr_weight: float = 0.3  # share drawn from its instruction answers (when there are any)
     time_limit_s: float = 0  # stop early (and still write the draft) after this long; 0: no limit
     checkpoint_every: int = 200
     eval_batches: int = 8

@@ -1,8 +1,10 @@
 """`specserve train-draft`: distil an EAGLE-style draft (models/eagle.py) from a target model.
 
 Data, all offline: the Python standard library's source (teacher-forced) and, optionally, the
-target's own greedy continuations of function prompts cut from it (self-distillation: the draft then
-sees text the way the target writes it). Each step runs the frozen target over [B, L] chunks to get
+target's own greedy continuations of function prompts cut from it and its own answers (through its
+chat template) to instructions written for training (training/instructions.py: chat, summaries,
+translations, math, questions, code explanations) — self-distillation: the draft then sees text the
+way the target writes it, beyond code too. Each step runs the frozen target over [B, L] chunks to get
 its last hidden states f and its next-token distributions p, and trains the draft on
 
     loss = CE(p restricted to the draft's vocabulary, draft distribution) + w_reg * SmoothL1(f_hat, f)
@@ -29,32 +31,54 @@ from ..loading import load_model_files
 from ..models.eagle import EagleConfig, EagleNet
 from .config import DistillConfig
 from .corpus import build_corpus, function_prompts
+from .instructions import instructions
 from .target import DenseTarget
 
 CKPT_FILE = "checkpoint.pt"
 
 
-def _data(cfg: DistillConfig, tokenizer, log) -> tuple[np.ndarray, int]:
-    """-> (all tokens, where the generations start)."""
+def _data(cfg: DistillConfig, tokenizer, log) -> tuple[np.ndarray, list[tuple[int, int, float]]]:
+    """-> (all tokens, [(start, end, sampling weight)] of its parts: stdlib, function continuations,
+    instruction answers)."""
     os.makedirs(cfg.out, exist_ok=True)
     corpus_file = os.path.join(cfg.out, "corpus.npy")
     if not os.path.exists(corpus_file):
         np.save(corpus_file, build_corpus(tokenizer, cfg.corpus_tokens, progress=tqdm))
-    parts = [np.load(corpus_file)]
+    parts, weights, names = [np.load(corpus_file)], [1.0 - cfg.gen_weight * bool(cfg.generate)
+                                                     - cfg.instr_weight * bool(cfg.instructions)], ["stdlib"]
+    if weights[0] < 0:
+        raise ValueError(f"gen_weight {cfg.gen_weight} + instr_weight {cfg.instr_weight} exceed 1")
     if cfg.generate:
         gen_file = os.path.join(cfg.out, f"generations-{cfg.generate}x{cfg.gen_tokens}{'-private' if cfg.gen_private else ''}.npy")
         if not os.path.exists(gen_file):
-            np.save(gen_file, _generate(cfg, tokenizer, log))
+            prompts = function_prompts(cfg.generate, cfg.seed, private=cfg.gen_private)
+            log(f"generating {cfg.gen_tokens} tokens for each of {len(prompts)} function prompts with the target")
+            np.save(gen_file, _generate(cfg, tokenizer, prompts))
         parts.append(np.load(gen_file))
-    log("data: " + " + ".join(f"{len(p):,}" for p in parts) + " tokens (stdlib + generations)")
-    return np.concatenate(parts).astype(np.int64), len(parts[0])
+        weights.append(cfg.gen_weight)
+        names.append("function continuations")
+    if cfg.instructions:
+        instr_file = os.path.join(cfg.out, f"answers-{cfg.instructions}x{cfg.gen_tokens}.npy")
+        if not os.path.exists(instr_file):
+            convs = [c for _, c in instructions(cfg.instructions, cfg.seed)]
+            prompts = [tokenizer.encode(tokenizer.apply_chat_template(c), add_special_tokens=False) for c in convs]
+            log(f"answering {len(prompts)} instructions (up to {cfg.gen_tokens} tokens) with the target")
+            np.save(instr_file, _generate(cfg, tokenizer, prompts))
+        parts.append(np.load(instr_file))
+        weights.append(cfg.instr_weight)
+        names.append("instruction answers")
+    log("data: " + " + ".join(f"{len(p):,} ({n})" for p, n in zip(parts, names)) + " tokens")
+    bounds, start = [], 0
+    for p, w in zip(parts, weights):
+        bounds.append((start, start + len(p), w))
+        start += len(p)
+    return np.concatenate(parts).astype(np.int64), bounds
 
 
-def _generate(cfg: DistillConfig, tokenizer, log) -> np.ndarray:
+def _generate(cfg: DistillConfig, tokenizer, prompts: list) -> np.ndarray:
+    """The target's greedy continuations of the prompts (texts or token ids), each prompt + answer + EOS."""
     from ..engine.llm import LLM
     from ..types import SamplingParams
-    prompts = function_prompts(cfg.generate, cfg.seed, private=cfg.gen_private)
-    log(f"generating {cfg.gen_tokens} tokens for each of {len(prompts)} function prompts with the target")
     # On a GPU a step costs about the same for 1 or 1,024 sequences (launch-bound): batch wide.
     gpu = cfg.device.startswith("cuda")
     llm = LLM(cfg.model, device=cfg.device, max_num_seqs=1024 if gpu else 64, max_num_batched_tokens=16384 if gpu else 4096,
@@ -129,11 +153,10 @@ def train_draft(cfg: DistillConfig, log=print) -> dict:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     _, arch, weights, tokenizer = load_model_files(cfg.model, keep_quantized=False)
-    data, gen_start = _data(cfg, tokenizer, log)
-    n_eval = max(cfg.seq_len * 4, len(data) // 50)  # the last 2% is held out
+    data, bounds = _data(cfg, tokenizer, log)
+    n_eval = max(cfg.seq_len * 4, len(data) // 50)  # the last 2% is held out (of the last part)
     train_hi = eval_lo = len(data) - n_eval
-    train_ranges = [(0, min(gen_start, train_hi), 1 - cfg.gen_weight if gen_start < train_hi else 1.0),
-                    (gen_start, train_hi, cfg.gen_weight)]
+    train_ranges = [(lo, min(hi, train_hi), w) for lo, hi, w in bounds if lo < train_hi]
     if train_hi < cfg.seq_len + 2:
         raise ValueError(f"only {len(data)} tokens of data; need more than {cfg.seq_len * 5}")
     if cfg.init_from:

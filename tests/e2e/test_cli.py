@@ -140,7 +140,7 @@ def test_bench_spec_writes_tables_json_and_plot(tmp_path):
     import json
     r = run("bench", "spec", "--batch-sizes", "1,2", "--settings", "greedy", "--sequences", "2", "--min-rounds", "1",
             "--max-tokens", "12", "--no-ablations", "--no-pass-at-1", "--no-peers", "--speculative", "lookup+draft",
-            "--out", str(tmp_path))
+            "--no-shapes", "--no-tree-sizes", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     [js] = list(tmp_path.glob("spec-cpu-*.json"))
     res = json.loads(js.read_text())
@@ -150,6 +150,26 @@ def test_bench_spec_writes_tables_json_and_plot(tmp_path):
     assert all(t["rd"]["all_ms"] > 0 and t["spec"]["all_ms"] > 0 for t in rows)
     assert res["hardware"]["floor_ms_per_token"] > 0
     assert list(tmp_path.glob("spec-cpu-*.md")) and list(tmp_path.glob("spec-cpu-*.png"))
+
+
+def test_bench_spec_shapes_part_compares_chains_trees_and_auto_beyond_code(tmp_path):
+    """The draft-shape part at its smallest: every shape on both prompt sets, per-category acceptance,
+    and the batch-1 tree sizes, each cell against RD (greedy: token for token)."""
+    import json
+    r = run("bench", "spec", "--batch-sizes", "1", "--settings", "none", "--shape-sequences", "1", "--shape-min-rounds", "1",
+            "--max-tokens", "6", "--per-category", "1", "--no-forced", "--no-ablations", "--no-pass-at-1", "--no-peers",
+            "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    [js] = list(tmp_path.glob("spec-cpu-*.json"))
+    res = json.loads(js.read_text())
+    shapes = res["drafting"]["shapes"]
+    assert set(shapes) == {"humaneval", "beyond code"}
+    assert all(set(configs) == {"draft chain", "draft tree", "draft auto", "lookup+draft auto"} for configs in shapes.values())
+    assert all(t["identical_to_rd"] for configs in shapes.values() for rows in configs.values() for t in rows)
+    assert set(res["drafting"]["categories"]["draft chain"]) == {"chat", "summarisation", "translation", "math", "qa"}
+    assert all(t["identical_to_rd"] for configs in res["tree_sizes"].values() for t in configs.values())
+    md = next(tmp_path.glob("spec-cpu-*.md")).read_text()
+    assert "## draft shapes" in md and "## tree sizes" in md
 
 
 @pytest.mark.parametrize("error, code", [(RuntimeError("boom"), 1), (KeyboardInterrupt(), 130),

@@ -139,9 +139,9 @@ def test_eagle_fused_layer_matches_op_by_op(tiny_dir):
 @pytest.mark.parametrize("attention", ["split", "pad"])
 def test_eagle_tree_drafts_equal_the_reference_expansion(tiny_dir, tmp_path, attention):
     """The batched, level-by-level EAGLE-2 tree (fed nodes attending to their ancestors only) equals
-    spec.tree.expand driven by a reference that runs the draft as a plain chain along each path."""
+    drafters.tree.expand driven by a reference that runs the draft as a plain chain along each path."""
     from specserve.drafters import TreeShape
-    from specserve.spec.tree import expand, rerank
+    from specserve.drafters.tree import expand, rerank
     from specserve.types import Request, SamplingParams
 
     arch, net, _ = _random_draft(tiny_dir, seed=2)

@@ -167,6 +167,34 @@ def test_break_even_drafting_does_not_pay():
     assert c2.drafting_pays(4) is True
 
 
+def test_auto_shape_measures_each_shape_then_takes_the_faster_and_rechecks_the_other():
+    """Acceptance stays flat while the better shape flips: "auto" goes by what drafting steps of each
+    shape yielded per second at this batch size, re-measuring the other shape every explore_every steps."""
+    from specserve.drafters.base import Drafter
+    from specserve.spec import SpeculativeDecoder
+
+    class Trees(Drafter):
+        makes_trees = True
+
+    dec = SpeculativeDecoder(Trees(), FixedPolicy, shape="auto", explore_every=4)
+    c = dec.costs
+    c.record_target(1, 10e-3, batch=1)  # plain: 1 token per 10 ms
+    assert dec._pick_shape(1) == "chain"  # nothing measured: chains first, then trees
+    c.record_yield(1, tokens=2, draft_seconds=1e-3, step_seconds=13e-3, shape="chain")  # 2 per 14 ms
+    assert c.best_shape(1, ("chain", "tree")) == ("tree", False) and dec._pick_shape(1) == "tree"
+    c.record_yield(1, tokens=3, draft_seconds=3e-3, step_seconds=27e-3, shape="tree")  # 3 per 30 ms
+    assert c.drafting_rate(1, "tree") == pytest.approx(100) and c.drafting_rate(1, "chain") == pytest.approx(2 / 14e-3)
+    picks = [dec._pick_shape(1) for _ in range(8)]
+    assert picks.count("tree") == 2 and picks.count("chain") == 6  # the loser re-measured every 4th step
+    assert c.drafting_pays(1) is True and c.drafting_pays(1, shape="tree") is False  # 100/s < 1.05 * 100/s
+    # at batch 8 trees win: rows nearly free there (a GPU), the bigger tree's tokens count
+    c.record_yield(8, tokens=2, draft_seconds=2e-3, step_seconds=30e-3, shape="chain")
+    c.record_yield(8, tokens=3, draft_seconds=4e-3, step_seconds=32e-3, shape="tree")
+    assert c.best_shape(8, ("chain", "tree")) == ("tree", True)
+    # a drafter without trees never gets them, whatever is asked
+    assert SpeculativeDecoder(Drafter(), FixedPolicy, shape="tree").shape == "chain"
+
+
 def test_prompt_lookup_copies_what_followed_the_last_ngram():
     r = Request("0", [1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2, 3], SamplingParams())
     d = PromptLookupDrafter(max_ngram=3).propose([r], 3).drafts[0]
@@ -269,3 +297,24 @@ def test_selection_cuts_a_tree_by_cumulative_confidence_and_keeps_parents():
     assert cut.tokens == [10, 11, 12, 14] and cut.parents == [-1, -1, 0, 2]
     with pytest.raises(ValueError, match="parent is not kept"):
         t.subset([0, 4])
+
+
+def test_lookup_confidence_follows_what_copies_get_accepted():
+    """The constants measured on code are a prior: copies that keep failing (chat, translations) lose
+    confidence, for the request itself most and for everyone a little; a request's own successes lift it."""
+    d = PromptLookupDrafter(max_ngram=3)
+    r = Request("a", [1, 2, 3, 9, 1, 2, 3], SamplingParams())
+    assert d.propose([r], 4).drafts[0].confidence[0] == pytest.approx(0.73)
+    for _ in range(20):  # each copy verified and rejected at its first token
+        d.propose([r], 4)
+        r.spec_drafted.append(1)
+        r.spec_accepted.append(0)
+        d.observe(r, 0, None, 0)
+    own = d.propose([r], 4).drafts[0].confidence[0]
+    other = d.propose([Request("b", [1, 2, 3, 9, 1, 2, 3], SamplingParams())], 4).drafts[0].confidence[0]
+    assert own < 0.2 < other < 0.73 - 0.2
+    d.propose([r], 4)  # a copy that the selection cut (no verify step): nothing is counted
+    d.observe(r, 0, None, 0)
+    assert d.propose([r], 4).drafts[0].confidence[0] == pytest.approx(own)
+    d.release(r)
+    assert d.propose([r], 4).drafts[0].confidence[0] == pytest.approx(other)

@@ -1,10 +1,10 @@
-"""Draft trees (spec/tree.py): EAGLE-2 expansion and reranking by hand, the node budget from a
-step-time curve, and expected tokens checked against tree verification."""
+"""Draft trees (drafters/tree.py): EAGLE-2 expansion and reranking by hand, and expected tokens
+checked against tree verification."""
 import pytest
 import torch
 
+from specserve.drafters.tree import TokenTree, expand, rerank
 from specserve.sampling.tree import children_table, verify_tree
-from specserve.spec.tree import TokenTree, best_budget, expand, rerank
 
 V = 5
 
@@ -47,17 +47,6 @@ def test_rerank_keeps_the_best_nodes_as_a_subtree():
     assert small.scores == pytest.approx([0.6, 0.3, 0.36, 0.216])
     children_table(small.parents)  # a valid tree: parents come first
     assert rerank(tree, 10) is tree and len(rerank(tree, 0)) == 0
-
-
-def test_budget_follows_the_cost_of_a_row():
-    scores = [0.8, 0.6, 0.5, 0.3, 0.2, 0.1, 0.05, 0.02]
-    # GPU-like: 8 more rows cost nothing: verify them all
-    assert best_budget(scores, lambda rows: 0.010)[0] == 8
-    # this CPU without AMX: 7 ms for one row, ~1 ms per further row (README, Known limits)
-    n, rate = best_budget(scores, lambda rows: 0.007 + 0.001 * (rows - 1), draft_seconds=0.002)
-    assert 2 <= n <= 6 and rate > 1 / 0.007
-    # rows as dear as a whole step: drafting never pays
-    assert best_budget(scores, lambda rows: 0.007 * rows) == (0, pytest.approx(1 / 0.007))
 
 
 def test_expected_tokens_match_verification_when_the_draft_is_the_target():

@@ -1,5 +1,6 @@
-"""Token trees of drafts: EAGLE-2's dynamic expansion, reranking to a node budget, and the budget
-chosen from the measured cost of verifying more rows (Li et al. 2024, "EAGLE-2"; Spector & Re 2023).
+"""Token trees of drafts: EAGLE-2's dynamic expansion and reranking to a node budget (Li et al. 2024,
+"EAGLE-2"; Spector & Re 2023). Plain Python: `expand` is the reference the EAGLE drafter's batched,
+level-by-level trees are tested against (tests/model/test_eagle.py).
 
 Expansion: from the root, each depth expands the `beam` nodes with the highest cumulative draft
 confidence (the product of the draft's probabilities along the path, EAGLE-2's stand-in for the
@@ -9,14 +10,14 @@ kept nodes form a subtree of the expansion (ties broken by creation order keep p
 
 Sizing: a tree of n nodes is verified as n + 1 target rows and, when the confidences are calibrated,
 emits 1 + (sum of the kept nodes' confidences) tokens in expectation (every node on an accepted
-path is accepted). `best_budget` picks the n with the most expected tokens per second on the
-step-time curve the cost model measured: on a GPU extra rows are nearly free and trees grow wide;
-on this CPU each row costs ~1 ms (README, Known limits), which is what bounds the tree.
+path is accepted). Which nodes are worth their rows is decided for the whole batch by
+spec/selection.select_drafts on the measured step-time curve: on a GPU extra rows are nearly free
+and trees stay wide; on a CPU each row costs a real share of a step, which is what bounds the tree.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 # next_topk(paths) -> per path, the draft's (tokens, probabilities) of its top_k next tokens
 NextTopK = Callable[[list[list[int]], int], list[tuple[list[int], list[float]]]]
@@ -89,19 +90,3 @@ def rerank(tree: TokenTree, budget: int) -> TokenTree:
     index = {j: i for i, j in enumerate(keep)}
     return TokenTree([tree.tokens[j] for j in keep], [index.get(tree.parents[j], -1) for j in keep],
                      [tree.scores[j] for j in keep])
-
-
-def best_budget(scores: Sequence[float], step_seconds: Callable[[int], float], draft_seconds: float = 0.0,
-                max_nodes: int = 64) -> tuple[int, float]:
-    """(nodes, expected tokens per second): the node budget n in 0..max_nodes that maximises
-    (1 + sum of the n best scores) / (draft_seconds + step_seconds(n + 1)); n = 0 is no drafting
-    (and no drafting cost)."""
-    ranked = sorted(scores, reverse=True)[:max_nodes]
-    best = (0, 1.0 / step_seconds(1))
-    total = 1.0
-    for n, s in enumerate(ranked, start=1):
-        total += s
-        rate = total / (draft_seconds + step_seconds(n + 1))
-        if rate > best[1]:
-            best = (n, rate)
-    return best
