@@ -55,8 +55,10 @@ def test_ctrl_c_at_any_moment_exits_130_quietly(delay):
     exe = os.path.join(os.path.dirname(sys.executable), "specserve")
     if not os.path.exists(exe):
         pytest.skip("the specserve command is not installed beside this interpreter")
+    # as from a terminal: a background job (make test &) hands its children an ignored SIGINT, which
+    # Python keeps until main() installs its handler
     p = subprocess.Popen([exe, "generate", "def f(x):", "--max-tokens", "400", "--ignore-eos"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(delay)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
