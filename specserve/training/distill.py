@@ -83,7 +83,11 @@ def _generate(cfg: DistillConfig, tokenizer, prompts: list) -> np.ndarray:
     gpu = cfg.device.startswith("cuda")
     llm = LLM(cfg.model, device=cfg.device, max_num_seqs=1024 if gpu else 64, max_num_batched_tokens=16384 if gpu else 4096,
               kv_cache_gib=24.0 if gpu else 1.0)
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=cfg.gen_tokens), use_tqdm=True)
+    # prompts with no room for an answer within the target's context are left out (not cut: a cut
+    # instruction is another instruction)
+    ids = [p if isinstance(p, list) else llm.tokenizer.encode(p) for p in prompts]
+    ids = [x for x in ids if len(x) + cfg.gen_tokens <= llm.engine.max_model_len]
+    outs = llm.generate(ids, SamplingParams(temperature=0, max_tokens=cfg.gen_tokens), use_tqdm=True)
     eos = tokenizer.eos_token_ids[:1]
     return np.concatenate([np.asarray(o.prompt_token_ids + o.outputs[0].token_ids + eos, dtype=np.uint16) for o in outs])
 

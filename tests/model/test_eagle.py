@@ -187,3 +187,23 @@ def test_eagle_tree_drafts_equal_the_reference_expansion(tiny_dir, tmp_path, att
         small = drafter.propose([r], depth, None, TreeShape(3, 2, max_nodes=6)).drafts[0]
         cut = rerank(ref, 6)
         assert small.tokens == cut.tokens and small.parent_list() == cut.parents
+
+
+def test_train_draft_answers_instructions_through_the_chat_template(tiny_dir, tmp_path):
+    """--instructions: the target's answers become a third part of the data, sampled by instr_weight."""
+    import json
+    import shutil
+
+    import numpy as np
+    model = str(tmp_path / "chat-model")  # the tiny model with a chat template
+    shutil.copytree(tiny_dir, model)
+    json.dump({"add_bos_token": False, "chat_template": "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n"
+               "{% endfor %}<assistant>"}, open(f"{model}/tokenizer_config.json", "w"))
+    logs = []
+    cfg = DistillConfig(model=model, out=str(tmp_path / "w"), corpus_tokens=6000, instructions=6, gen_tokens=8,
+                        steps=1, batch_size=2, seq_len=32, eval_batches=1, warmup=1, draft_vocab=64)
+    train_draft(cfg, log=logs.append)
+    answers = np.load(tmp_path / "w" / "answers-6x8.npy")
+    assert len(answers) > 6 * 8 and any("instruction answers" in line for line in logs)
+    data, bounds = distill._data(cfg, distill.load_model_files(model, keep_quantized=False)[3], lambda *_: None)
+    assert [w for _, _, w in bounds] == [pytest.approx(0.7), 0.3] and bounds[-1][1] == len(data)
