@@ -71,9 +71,10 @@ class LLMEngine:
         spec_config = config.speculative
         # Without speculation too: the C++ paged kernel (split) on CPU, one padded SDPA call on CUDA.
         attention = (spec_config or SpeculativeConfig()).resolved_attention(mc.device)
-        # PAD/SPLIT is how verify spans are batched; a step without drafts runs as regular decoding does
-        # (a forced "pad" on CPU ran plain steps ~10% slower than the C++ kernel and so made falling
-        # back to them useless: bench/results/spec-cpu-20261123-171653.md)
+        # PAD/SPLIT is how verify spans are batched; a step without drafts runs as regular decoding does:
+        # a forced "pad" on CPU also took the plain steps it falls back to off the C++ kernel and the
+        # fused layer, so falling back could not get back to regular decoding's speed (0.89x at batch 1
+        # before; 0.97x after, bench/results/spec-cpu-20261124-072437.md)
         plain = SpeculativeConfig().resolved_attention(mc.device)
         self.runner = ModelRunner(self.model, self.kv, self.device, attention=attention, plain_attention=plain)
         self.speculator: Optional[SpeculativeDecoder] = None
