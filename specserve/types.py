@@ -153,13 +153,6 @@ class Draft:
             out.append(c * (out[p] if p >= 0 else 1.0))
         return out
 
-    def truncated(self, n: int) -> "Draft":
-        """The first n tokens (self when that is all of them)."""
-        if n == len(self.tokens):
-            return self
-        return Draft(self.tokens[:n], None if self.probs is None else self.probs[:n], self.confidence[:n],
-                     None if self.parents is None else self.parents[:n])
-
     def subset(self, keep: Sequence[int]) -> "Draft":
         """The tokens `keep` (increasing indices, each one's parent kept too), as a chain when they
         form one."""

@@ -60,14 +60,6 @@ def drop_token(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 1e-12, r / mass.clamp(min=1e-30), p)
 
 
-def depths(parents: Sequence[int]) -> list[int]:
-    """Depth of each node (1: a child of the root): its position offset for RoPE in the verify pass."""
-    out: list[int] = []
-    for p in parents:
-        out.append(1 if p < 0 else out[p] + 1)
-    return out
-
-
 def verify_tree_greedy(target_logits: torch.Tensor, tokens: torch.Tensor,
                        children: torch.Tensor) -> tuple[list[list[int]], torch.Tensor]:
     """target_logits [B, N + 1, V]; tokens [B, N]; children [B, N + 1, W] -> (the accepted nodes of

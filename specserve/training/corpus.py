@@ -32,6 +32,17 @@ def _read(path: str) -> str:
         return ""
 
 
+def stdlib_modules():
+    """(syntax tree, source lines with their ends) of every standard-library file that parses."""
+    for path in stdlib_files():
+        src = _read(path)
+        try:
+            tree = ast.parse(src)
+        except (SyntaxError, ValueError):
+            continue
+        yield tree, src.splitlines(keepends=True)
+
+
 def build_corpus(tokenizer, max_tokens: int = 0, progress=None) -> np.ndarray:
     """Token ids of the stdlib files, each followed by EOS, [N] (all of it when max_tokens is 0); uint16
     when the vocabulary allows (the file is what travels)."""
@@ -58,13 +69,7 @@ def function_prompts(max_prompts: int, seed: int = 0, max_chars: int = 1200, pri
     stdlib functions that have a docstring (public ones; with `private`, _single-underscore ones too).
     The target's continuations become self-distillation data."""
     prompts = []
-    for path in stdlib_files():
-        src = _read(path)
-        try:
-            tree = ast.parse(src)
-        except (SyntaxError, ValueError):
-            continue
-        lines = src.splitlines(keepends=True)
+    for tree, lines in stdlib_modules():
         for node in ast.walk(tree):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
                 continue

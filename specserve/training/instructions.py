@@ -16,7 +16,7 @@ import random
 import re
 import textwrap
 
-from .corpus import _read, stdlib_files
+from .corpus import stdlib_modules
 
 TOPICS = [
     "gravity", "electricity", "magnetism", "volcanoes", "earthquakes", "tides", "rainbows", "clouds", "lightning",
@@ -51,13 +51,7 @@ def _stdlib_texts() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """(docstring paragraphs of 150-700 characters, single sentences of 40-160 characters, short
     functions with their docstrings removed) from the standard library (parsed once: ~3 s)."""
     paras, sents, funcs = [], [], []
-    for path in stdlib_files():
-        src = _read(path)
-        try:
-            tree = ast.parse(src)
-        except (SyntaxError, ValueError):
-            continue
-        lines = src.splitlines(keepends=True)
+    for tree, lines in stdlib_modules():
         for node in ast.walk(tree):
             if not isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Module)):
                 continue

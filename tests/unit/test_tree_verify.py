@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from specserve.sampling import tree
-from specserve.sampling.tree import children_table, depths, verify_tree, verify_tree_greedy
+from specserve.sampling.tree import children_table, verify_tree, verify_tree_greedy
+from specserve.types import Draft
 
 # root -> nodes 0, 1, 2; node 0 -> nodes 3, 4; node 3 -> node 5; node 1 -> node 6
 PARENTS = [-1, -1, -1, 0, 0, 3, 1]
@@ -15,7 +16,7 @@ def test_children_table_and_depths():
     t = children_table(PARENTS)
     assert t.tolist() == [[0, 1, 2], [3, 4, -1], [6, -1, -1], [-1, -1, -1], [5, -1, -1], [-1, -1, -1],
                           [-1, -1, -1], [-1, -1, -1]]
-    assert depths(PARENTS) == [1, 1, 1, 2, 2, 3, 2]
+    assert Draft([0] * len(PARENTS), parents=PARENTS).depths() == [1, 1, 1, 2, 2, 3, 2]
     with pytest.raises(ValueError, match="node 1: parent 1"):
         children_table([-1, 1])
 
