@@ -79,6 +79,9 @@ class SpeculativeConfig:
     attention: str = "auto"
     fallback: bool = True  # skip drafting on steps where the measured costs say it would not pay
     lookup_max_ngram: int = 4  # the longest suffix n-gram prompt lookup matches
+    # the "ngram" method's Katz model (`specserve build-ngram`); None: one built from the standard
+    # library for the target's tokenizer on first use, then cached
+    ngram_model: Optional[str] = None
     # Token trees (drafters that make them: the EAGLE draft): a name in registry.SHAPES, and the tree's
     # width (drafters.TreeShape): top-k children per expanded node, nodes expanded per level, nodes kept.
     shape: str = "chain"

@@ -65,6 +65,8 @@ DRAFTERS = Registry("speculative method")
 DRAFTERS.register("draft", "specserve.drafters.draft_model:build",
                   "a draft model: the shipped EAGLE draft, an EAGLE dir, or any model with the target's tokenizer")
 DRAFTERS.register("lookup", "specserve.drafters.prompt_lookup:build", "prompt lookup in the sequence's own tokens")
+DRAFTERS.register("ngram", "specserve.drafters.ngram:build",
+                  "a Katz back-off trigram model (specserve build-ngram; default: built from the stdlib)")
 DRAFTERS.register("lookup+draft", "specserve.drafters.lookup_first:build",
                   "prompt lookup where the text repeats, the draft model elsewhere")
 

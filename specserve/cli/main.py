@@ -42,6 +42,8 @@ def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
                    help="speculative decoding: " + "; ".join(f"{n}: {DRAFTERS.help(n)}" for n in DRAFTERS.names())
                         + "; or none")
     p.add_argument("--draft-model", type=_model_path, default=None, help="an EAGLE draft dir or a model with the target's tokenizer")
+    p.add_argument("--ngram-model", type=_model_path, default=None,
+                   help="the ngram method's model (specserve build-ngram; default: built from the stdlib, cached)")
     p.add_argument("--draft-len", default="auto", help="auto, or K: fixed k / BASS l0 / threshold limit")
     p.add_argument("--policy", choices=POLICIES.names(), default="bass", help="draft-length policy")
     p.add_argument("--attention", choices=ATTENTION.names(), default="auto",
@@ -63,6 +65,8 @@ def spec_from_args(args):
             "tree_max_nodes": args.tree_max_nodes}
     if args.draft_model:
         spec["draft_model"] = args.draft_model
+    if args.ngram_model:
+        spec["ngram_model"] = args.ngram_model
     return spec
 
 
@@ -103,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .train_draft import add_train_draft_args
     t = sub.add_parser("train-draft", help="distil an EAGLE-style draft model from the target (offline data)")
     add_train_draft_args(t)
+
+    n = sub.add_parser("build-ngram", help="build a Katz back-off trigram model for the ngram drafter (offline data)")
+    n.add_argument("--out", required=True, help="the .npz file to write")
+    n.add_argument("--model", type=_model_path, default=None, help="the target whose tokenizer it is for (default: embedded)")
+    n.add_argument("--corpus-tokens", type=int, default=0, help="stdlib tokens to count (0: all; -1: none)")
+    n.add_argument("--tokens", action="append", default=[], type=_model_path,
+                   help="a .npy file of token ids to count too (e.g. train-draft's generations); repeatable")
 
     b = sub.add_parser("bench", help="benchmarks against HF transformers and llama.cpp")
     bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
@@ -152,6 +163,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(sp)
     add_spec_args(sp, default="draft")
     return p
+
+
+def cmd_build_ngram(args) -> int:
+    from tqdm.auto import tqdm
+
+    from ..loading import load_model_files
+    from ..ngram.build import build_ngram
+    tokenizer = load_model_files(args.model)[3]
+    model = build_ngram(tokenizer, args.corpus_tokens, tuple(args.tokens), progress=tqdm)
+    model.save(args.out)
+    print(f"wrote {args.out}")
+    return 0
 
 
 def cmd_generate(args) -> int:
@@ -214,6 +237,8 @@ def _run(args) -> int:
     if args.command == "train-draft":
         from .train_draft import cmd_train_draft
         return cmd_train_draft(args)
+    if args.command == "build-ngram":
+        return cmd_build_ngram(args)
     if args.command == "bench" and args.bench == "spec":
         from ..bench.spec import run_spec_bench
         if args.speculative == "none":

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..training.config import DistillConfig
+from ..training.config import TARGET_DTYPES, DistillConfig
 from .args import add_dataclass_args
 
 HELP = {
@@ -18,6 +18,7 @@ HELP = {
     "instr_weight": "share of each batch drawn from the instruction answers",
     "draft_vocab": "tokens in the draft's reduced LM head",
     "device": "cpu or cuda[:N]",
+    "target_dtype": "auto, float32 or bfloat16: the frozen target's dtype (auto: bfloat16 on a GPU or an AMX CPU)",
     "time_limit_s": "stop early after this many seconds, still writing the draft",
 }
 
@@ -32,5 +33,7 @@ def cmd_train_draft(args) -> int:
     for name in ("steps", "batch_size", "seq_len", "draft_vocab"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if cfg.target_dtype not in TARGET_DTYPES:
+        raise ValueError(f"--target-dtype must be one of {', '.join(TARGET_DTYPES)}, not {cfg.target_dtype!r}")
     train_draft(cfg)
     return 0

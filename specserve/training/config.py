@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+TARGET_DTYPES = ("auto", "float32", "bfloat16")
+
 
 @dataclass
 class DistillConfig:
@@ -15,7 +17,9 @@ class DistillConfig:
     gen_tokens: int = 128
     gen_private: bool = False  # prompts from _private functions too (about 20% more)
     instructions: int = 0  # instructions (training/instructions.py) the target answers through its chat template
-    draft_vocab: int = 8192  # size of the draft's reduced LM head (most frequent tokens of the data)
+    # size of the draft's reduced LM head (most frequent tokens of the data); with init_from, a size
+    # above the draft's grows its head by the data's most frequent tokens it lacks
+    draft_vocab: int = 8192
     init_layer: int = -1  # target layer the draft's decoder layer starts from (-1: the last)
     init_from: Optional[str] = None  # continue from an existing draft directory (its vocabulary is kept)
     seq_len: int = 512
@@ -31,4 +35,7 @@ class DistillConfig:
     checkpoint_every: int = 200
     eval_batches: int = 8
     device: str = "cpu"
+    # the frozen target's matmuls: "auto" = bfloat16 on a GPU or a CPU with AMX tiles (about 3x the fp32
+    # matmul rate of a 2-core AMX Xeon), else float32; the draft itself always trains in fp32
+    target_dtype: str = "auto"
     seed: int = 0

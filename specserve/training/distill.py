@@ -99,6 +99,14 @@ def _draft_vocab(data: np.ndarray, vocab_size: int, size: int, always: list[int]
     return sorted(np.argsort(-counts, kind="stable")[:min(size, vocab_size)].tolist())
 
 
+def _grow_vocab(vocab: list[int], data: np.ndarray, vocab_size: int, size: int) -> list[int]:
+    """vocab plus the data's most frequent other tokens, up to `size` in all, sorted."""
+    counts = np.bincount(data, minlength=vocab_size)
+    counts[vocab] = -1
+    extra = np.argsort(-counts, kind="stable")[:size - len(vocab)]
+    return sorted(set(vocab) | set(extra[counts[extra] > 0].tolist()))
+
+
 class _Batches:
     """Seeded random [B, L + 1] windows: batch i is the same whatever happened before (resume-safe)."""
 
@@ -129,10 +137,10 @@ def _losses(net: EagleNet, target: DenseTarget, ids: torch.Tensor, vocab_ids: to
     cos, sin = target.rope_tables(L1 - 1)
     pred = net.forward_dense(embeds, x_feat, cos.float(), sin.float())  # [B, L, hidden]
     with torch.no_grad():
-        t_logp = torch.log_softmax(target.logits(y_feat), dim=-1)  # [B, L, vocab]: the token at t + 2
+        t_logp = torch.log_softmax(target.logits(y_feat.to(target.dtype)), dim=-1)  # [B, L, vocab]: the token at t + 2
         t_arg = t_logp.argmax(-1)
         p_sub = t_logp.index_select(-1, vocab_ids).exp()  # [B, L, V_draft]
-    d_logits = F.linear(target.rms(pred, target.norm.float()), target.lm_head.float()[vocab_ids])  # [B, L, V_draft]
+    d_logits = F.linear(target.rms(pred, target.norm.float()), target.lm_head[vocab_ids].float())  # [B, L, V_draft]
     cls = -(p_sub * torch.log_softmax(d_logits, dim=-1)).sum(-1).mean()
     reg = F.smooth_l1_loss(pred, y_feat)
     acc = (vocab_ids[d_logits.argmax(-1)] == t_arg).float().mean()
@@ -166,6 +174,12 @@ def train_draft(cfg: DistillConfig, log=print) -> dict:
     if cfg.init_from:
         net = EagleNet.load(cfg.init_from)
         vocab = net.cfg.vocab_ids
+        if cfg.draft_vocab > len(vocab):
+            # The head is rows of the target's own LM head, so growing it costs no parameters: add the
+            # training data's most frequent tokens the draft cannot propose yet (text beyond code needs
+            # them: the shipped draft's code vocabulary covers 85% of its instruction answers' tokens).
+            vocab = _grow_vocab(vocab, data[:train_hi], arch.vocab_size, cfg.draft_vocab)
+            net.cfg.vocab_ids = vocab
     else:
         vocab = _draft_vocab(data[:train_hi], arch.vocab_size, cfg.draft_vocab, tokenizer.eos_token_ids)
         net = EagleNet(EagleConfig.for_target(arch, vocab, tokenizer.fingerprint()))
@@ -174,7 +188,7 @@ def train_draft(cfg: DistillConfig, log=print) -> dict:
     net = net.to(device)
     coverage = float(np.isin(data[eval_lo:], vocab).mean())
     log(f"draft vocabulary: {len(vocab)} tokens, covering {coverage:.1%} of held-out tokens")
-    target = DenseTarget(arch, weights, device)
+    target = DenseTarget(arch, weights, device, _target_dtype(cfg.target_dtype, device))
     del weights
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step, history = 0, []
@@ -232,10 +246,17 @@ def train_draft(cfg: DistillConfig, log=print) -> dict:
     return metrics
 
 
+def _target_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        fast_bf16 = device.type == "cuda" or (device.type == "cpu" and torch.cpu._is_amx_tile_supported())
+        name = "bfloat16" if fast_bf16 else "float32"
+    return getattr(torch, name)
+
+
 def _resumable(cfg: DistillConfig) -> dict:
     """The settings a checkpoint must share with the run that resumes it (not steps: training longer is fine
     only if the schedule is the same, so steps stays in)."""
     d = asdict(cfg)
-    for k in ("out", "device", "checkpoint_every", "eval_batches", "time_limit_s"):
+    for k in ("out", "device", "checkpoint_every", "eval_batches", "time_limit_s", "target_dtype"):
         d.pop(k)
     return d

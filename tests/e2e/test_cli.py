@@ -65,6 +65,17 @@ def test_ctrl_c_at_any_moment_exits_130_quietly(delay):
     assert p.returncode == 130 and err == "", err[-500:]
 
 
+def test_build_ngram_then_generate_with_it(tmp_path):
+    out = tmp_path / "ngram.npz"
+    r = run("build-ngram", "--out", str(out), "--corpus-tokens", "30000")
+    assert r.returncode == 0, r.stderr
+    assert out.exists() and "trigrams" in r.stdout
+    r = run("generate", "def add(a, b):", "--max-tokens", "16", "--speculative", "ngram", "--ngram-model", str(out),
+            "--no-fallback")
+    assert r.returncode == 0, r.stderr
+    assert "[speculative ngram:" in r.stderr
+
+
 def test_plan_prints_placement_and_writes_json(tmp_path):
     import json
     out = tmp_path / "plan.json"

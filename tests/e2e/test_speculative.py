@@ -31,6 +31,8 @@ CONFIGS = {
     "lookup-bass": dict(method="lookup", policy="bass"),
     "lookup-fixed-pad": dict(method="lookup", policy="fixed", draft_len=4, attention="pad"),
     "lookup+draft-bass": dict(method="lookup+draft", policy="bass"),
+    "ngram-fixed3": dict(method="ngram", policy="fixed", draft_len=3),
+    "ngram-bass-pad": dict(method="ngram", policy="bass", attention="pad"),
 }
 
 
@@ -70,7 +72,8 @@ def test_draft_model_drafter_with_the_target_as_its_own_draft_accepts_everything
 
 @pytest.mark.parametrize("method, fallback, shape", [("draft", False, "chain"), ("lookup", False, "chain"),
                                                      ("lookup+draft", False, "chain"), ("draft", True, "chain"),
-                                                     ("draft", False, "tree")])  # lookup+draft mixes q = one-hot and q = probs
+                                                     ("draft", False, "tree"), ("ngram", False, "chain")])
+# (lookup+draft mixes q = one-hot and q = probs)
 def test_seeded_sampling_repeats(method, fallback, shape):
     """Same seed, same output, whatever the batch; with the cost-model fallback on too (a seeded
     request's draft lengths follow its own acceptance and the batch-1 calibration only)."""

@@ -1,5 +1,8 @@
 """The EAGLE draft's two forwards agree, the training-side target equals the serving model, and
 train-draft resumes from a checkpoint to the same weights as an uninterrupted run."""
+import shutil
+
+import numpy as np
 import pytest
 import torch
 
@@ -103,6 +106,34 @@ def test_continued_training_reports_the_starting_draft_on_the_same_data(tiny_dir
                                   **common), log=lambda *_: None)
     assert m["eval_top1_agreement_before"] == m["eval_top1_agreement"]
     assert m["eval_cls_loss_before"] == m["eval_cls_loss"]
+
+
+def test_continued_training_grows_the_draft_vocabulary_by_the_datas_most_frequent_tokens(tiny_dir, tmp_path):
+    common = dict(model=tiny_dir, corpus_tokens=6000, batch_size=2, seq_len=32, checkpoint_every=100,
+                  eval_batches=1, warmup=1, steps=1)
+    train_draft(DistillConfig(out=str(tmp_path / "first"), draft_vocab=40, **common), log=lambda *_: None)
+    old = EagleNet.load(str(tmp_path / "first" / "draft")).cfg.vocab_ids
+    (tmp_path / "again").mkdir()
+    shutil.copy(tmp_path / "first" / "corpus.npy", tmp_path / "again" / "corpus.npy")  # the same data
+    train_draft(DistillConfig(out=str(tmp_path / "again"), draft_vocab=56, init_from=str(tmp_path / "first" / "draft"), **common),
+                log=lambda *_: None)
+    new = EagleNet.load(str(tmp_path / "again" / "draft")).cfg.vocab_ids
+    data = np.load(tmp_path / "again" / "corpus.npy").astype(np.int64)
+    counts = np.bincount(data[:len(data) - max(32 * 4, len(data) // 50)], minlength=256)  # the training part
+    assert (counts > 0).sum() > 56  # enough distinct tokens to grow all the way
+    assert len(new) == 56 and set(old) <= set(new) and new == sorted(new)
+    added = sorted(set(new) - set(old))
+    rest = [t for t in range(256) if t not in set(new)]
+    assert min(counts[added]) >= max(counts[rest])  # the most frequent of the tokens it lacked
+
+
+def test_dense_target_in_bfloat16_stays_close_to_float32(tiny_dir):
+    _, arch, weights, _ = load_model_files(tiny_dir, keep_quantized=False)
+    ids = torch.randint(0, 256, (2, 17), generator=torch.Generator().manual_seed(0))
+    h32 = DenseTarget(arch, weights, torch.device("cpu")).hidden(ids)
+    h16 = DenseTarget(arch, weights, torch.device("cpu"), torch.bfloat16).hidden(ids)
+    assert h16.dtype == torch.bfloat16
+    assert ((h16.float() - h32).norm() / h32.norm()) < 0.03
 
 
 def test_function_prompts_private_adds_single_underscore_functions():
