@@ -68,7 +68,7 @@ class DraftingStep:
 class SpeculativeDecoder:
     def __init__(self, drafter: Drafter, make_policy: Callable[[], DraftLengthPolicy], fallback: bool = True,
                  retry_every: int = 4, retry_max: int = 16, prior_alpha: float = 0.5, shape: str = "chain",
-                 tree: Optional[TreeShape] = None, explore_every: int = 8):
+                 tree: Optional[TreeShape] = None, explore_every: int = 8, plain_every: int = 8):
         self.drafter, self.make_policy, self.fallback = drafter, make_policy, fallback
         # registry.SHAPES: "chain", "tree" (drafters that make trees), "auto" (chosen by measured yields)
         self.shape, self.tree = (shape if drafter.makes_trees else "chain"), tree or TreeShape()
@@ -90,6 +90,11 @@ class SpeculativeDecoder:
         self._retry = retry_every
         self._probed = False
         self._since_spec = 0
+        # While drafting pays, one plain step in `plain_every` re-measures plain steps: the machine's
+        # speed drifts by tens of percent within seconds on a shared VM, and a plain-step time measured
+        # before a long run of drafting steps made them look better than they were (forced PAD at batch
+        # 4 drafted 40 steps in a row at 0.95x the tokens/s of the plain steps around them).
+        self.plain_every, self._since_plain = plain_every, 0
         self._step: Optional[DraftingStep] = None  # this step's shared drafting, until record_step
 
     @property
@@ -143,9 +148,13 @@ class SpeculativeDecoder:
             if self._probed:
                 self._retry = self.retry_every if k else min(2 * self._retry, self.retry_max)
                 self._probed = False
-            if k == 0:
+            refresh = bool(k) and pays is True and self._since_plain >= self.plain_every
+            if k == 0 or refresh:
                 self.stats.fallback_steps += 1
                 self.stats.speculating = False
+                self._since_plain = 0
+                if refresh:
+                    return  # a bare plain step: free drafts' rows would spoil its timing
                 self._since_spec += 1
                 # Free drafts (lookups) are still verified where they pay.
                 free = self.drafter.propose_free(shared, self.policy.draft_len())
@@ -155,6 +164,7 @@ class SpeculativeDecoder:
         else:
             self._probed = self.fallback and self._since_spec > 0
         self._since_spec = 0
+        self._since_plain += 1
         # Drafting stops where a token is unlikely enough not to pay for its verify row and draft step
         # at the rate a batch's second row costs; `_select` then cuts along the measured cost curve.
         gate = self.costs.break_even_confidence(batch) if self.fallback else None
