@@ -318,3 +318,35 @@ def test_lookup_confidence_follows_what_copies_get_accepted():
     assert d.propose([r], 4).drafts[0].confidence[0] == pytest.approx(own)
     d.release(r)
     assert d.propose([r], 4).drafts[0].confidence[0] == pytest.approx(other)
+
+
+def test_while_drafting_pays_one_plain_step_in_plain_every_re_measures_plain_steps():
+    """The machine's speed drifts, so a plain-step time measured before a long run of drafting steps
+    goes stale: while drafting pays, every plain_every-th step is a bare plain step (no drafts, not even
+    free ones, whose rows would spoil its timing); when drafting does not pay, plain steps come anyway."""
+    from specserve.drafters.base import Draft, Drafter, Proposal
+    from specserve.spec import SpeculativeDecoder
+    from specserve.types import Request, RequestStatus, SamplingParams
+
+    class Always(Drafter):
+        def propose(self, requests, max_len, min_confidence=None, tree=None):
+            return Proposal([Draft([1, 2], None, [0.99, 0.99]) for _ in requests])
+
+        def propose_free(self, requests, max_len):
+            return self.propose(requests, max_len)
+
+    r = Request("a", [5, 6, 7], SamplingParams(temperature=0, max_tokens=64))
+    r.status, r.num_computed_tokens = RequestStatus.RUNNING, 2
+    spec = SpeculativeDecoder(Always(), lambda: make_policy("fixed", 2), plain_every=3)
+    for rows, ms in {1: 10, 2: 11, 4: 13, 8: 17}.items():  # a further row costs a tenth of a step
+        spec.costs.record_calibration(rows, ms / 1e3)
+    spec.costs.record_target(1, 10e-3, batch=1)  # plain: 1 token per 10 ms
+    spec.costs.record_yield(1, tokens=3, draft_seconds=0.0, step_seconds=12e-3)  # drafting: 3 per 12 ms, pays
+    pattern = []
+    for _ in range(8):
+        r.draft = None
+        spec._step = None
+        spec.propose([r])
+        pattern.append("D" if r.draft is not None else ".")
+    assert "".join(pattern) == "DDD.DDD."
+    assert spec.stats.fallback_steps == 2
