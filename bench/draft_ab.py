@@ -13,7 +13,7 @@ import json
 
 from specserve import LLM, SamplingParams
 from specserve.bench.humaneval import humaneval_prompts
-from specserve.bench.prompts import conversations
+from specserve.bench.spec_shapes import prompt_sets
 
 p = argparse.ArgumentParser()
 p.add_argument("drafts", nargs="+")
@@ -46,9 +46,7 @@ for d in args.drafts:
         if "humaneval" in args.sets:
             sets["humaneval"] = [("code", x) for x in humaneval_prompts(hi)[lo:]]
         if "beyond-code" in args.sets:
-            tok = llm.tokenizer
-            sets["beyond code"] = [(cat, tok.encode(tok.apply_chat_template(c), add_special_tokens=False))
-                                   for cat, c in conversations(8)]
+            sets["beyond code"] = [(x["category"], x["prompt"]) for x in prompt_sets(llm, [], 8)["beyond code"]]
         for set_name, prompts in sets.items():
             outs = llm.generate([x for _, x in prompts], SamplingParams(temperature=0, max_tokens=args.max_tokens), use_tqdm=False)
             by_cat: dict = {}

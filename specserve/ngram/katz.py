@@ -111,21 +111,21 @@ class KatzModel:
         the lower order's probability of tok after ctx's shorter context, for the seen pairs.
         -> (the table, each key's probability in the keys' order)."""
         ctx, tok = keys // V, keys % V
-        cc = np.bincount(counts, minlength=k + 2)[:max(k + 2, 2)]
-        d = good_turing_discounts(cc, k)
+        d = good_turing_discounts(np.bincount(counts, minlength=k + 2)[:k + 2], k)
         disc = np.where(counts <= k, d[np.minimum(counts, k)], 1.0)
         ctx_keys, starts = np.unique(ctx, return_index=True)
+        offsets = np.append(starts, len(keys)).astype(np.int64)
+        sizes = np.diff(offsets)  # [C] continuations per context
         ctx_totals = np.add.reduceat(counts, starts).astype(np.float64)  # c(context)
-        which = np.repeat(np.arange(len(ctx_keys)), np.diff(np.append(starts, len(keys))))
+        which = np.repeat(np.arange(len(ctx_keys)), sizes)  # [E] each entry's context
         lower_mass = np.add.reduceat(lower(ctx, tok), starts)
         # a context followed by every token of the vocabulary has nothing to back off to: no discount
-        complete = np.diff(np.append(starts, len(keys))) == V  # [C]
+        complete = sizes == V  # [C]
         probs = np.where(complete[which], 1.0, disc) * counts / ctx_totals[which]  # [E]
         seen_mass = np.add.reduceat(probs, starts)
         alpha = np.where(complete, 0.0, (1.0 - seen_mass) / np.maximum(1.0 - lower_mass, 1e-12))
         # continuations by probability within each context (a stable sort on (context, -prob))
         order = np.lexsort((-probs, which))
-        offsets = np.append(starts, len(keys)).astype(np.int64)
         table = _Order(ctx_keys.astype(np.int64), alpha.astype(np.float32), offsets, tok[order].astype(np.int32),
                        probs[order].astype(np.float32))
         return table, probs
@@ -151,23 +151,23 @@ class KatzModel:
             return cls(int(z["vocab_size"]), z["unigram"], *orders, meta)
 
     # --- queries ---------------------------------------------------------------------------------------
+    def _levels(self, context: list[int]) -> list[tuple[_Order, int]]:
+        """The seen contexts among context's last two tokens and its last one: (table, index), longest first."""
+        keys = []
+        if len(context) >= 2:
+            keys.append((self.trigram, context[-2] * self.vocab_size + context[-1]))
+        if context:
+            keys.append((self.bigram, context[-1]))
+        return [(order, i) for order, i in ((o, o.find(k)) for o, k in keys) if i >= 0]
+
     def prob(self, context: list[int], token: int) -> float:
         """P(token | the last two tokens of context), backing off as needed."""
-        V, scale = self.vocab_size, 1.0
-        if len(context) >= 2:
-            i = self.trigram.find(context[-2] * V + context[-1])
-            if i >= 0:
-                p = self.trigram.prob_of(i, token)
-                if p is not None:
-                    return p
-                scale = float(self.trigram.alpha[i])
-        if context:
-            i = self.bigram.find(context[-1])
-            if i >= 0:
-                p = self.bigram.prob_of(i, token)
-                if p is not None:
-                    return scale * p
-                scale *= float(self.bigram.alpha[i])
+        scale = 1.0
+        for order, i in self._levels(context):
+            p = order.prob_of(i, token)
+            if p is not None:
+                return scale * p
+            scale *= float(order.alpha[i])
         return scale * float(self.unigram[token])
 
     def top(self, context: list[int], n: int = 1) -> list[tuple[int, float]]:
@@ -175,25 +175,15 @@ class KatzModel:
         longest seen context's continuations, then the shorter contexts' best among the tokens the
         longer ones never saw, scaled by the back-off weights (under Katz such a token can outrank a
         seen one), stopping once nothing backed off can beat the n-th best so far."""
-        V = self.vocab_size
-        levels = []
-        if len(context) >= 2:
-            i = self.trigram.find(context[-2] * V + context[-1])
-            if i >= 0:
-                levels.append((self.trigram, i))
-        if context:
-            i = self.bigram.find(context[-1])
-            if i >= 0:
-                levels.append((self.bigram, i))
         out: dict[int, float] = {}
         scale, seen = 1.0, None  # seen: [V] bool, the tokens a matched longer context has a probability for
-        for order, i in levels:
+        for order, i in self._levels(context):
             lo, hi = order.offsets[i], order.offsets[i + 1]
             self._add(out, order.tokens[lo:hi], order.probs[lo:hi], scale, seen, n)
             scale *= float(order.alpha[i])
             if scale == 0 or (len(out) >= n and sorted(out.values(), reverse=True)[n - 1] >= scale):
                 return sorted(out.items(), key=lambda x: -x[1])[:n]  # nothing backed off can beat these
-            seen = np.zeros(V, dtype=bool) if seen is None else seen
+            seen = np.zeros(self.vocab_size, dtype=bool) if seen is None else seen
             seen[order.tokens[lo:hi]] = True
         self._add(out, self._uni_order, self.unigram[self._uni_order], scale, seen, n)
         return sorted(out.items(), key=lambda x: -x[1])[:n]

@@ -93,18 +93,10 @@ def _generate(cfg: DistillConfig, tokenizer, prompts: list) -> np.ndarray:
 
 
 def _draft_vocab(data: np.ndarray, vocab_size: int, size: int, always: list[int]) -> list[int]:
-    """The `size` most frequent tokens of the data (EOS always in), sorted."""
+    """The `size` most frequent tokens of the data, `always` (EOS; a draft's head being grown) in, sorted."""
     counts = np.bincount(data, minlength=vocab_size)
     counts[always] = counts.max() + 1
     return sorted(np.argsort(-counts, kind="stable")[:min(size, vocab_size)].tolist())
-
-
-def _grow_vocab(vocab: list[int], data: np.ndarray, vocab_size: int, size: int) -> list[int]:
-    """vocab plus the data's most frequent other tokens, up to `size` in all, sorted."""
-    counts = np.bincount(data, minlength=vocab_size)
-    counts[vocab] = -1
-    extra = np.argsort(-counts, kind="stable")[:size - len(vocab)]
-    return sorted(set(vocab) | set(extra[counts[extra] > 0].tolist()))
 
 
 class _Batches:
@@ -178,7 +170,7 @@ def train_draft(cfg: DistillConfig, log=print) -> dict:
             # The head is rows of the target's own LM head, so growing it costs no parameters: add the
             # training data's most frequent tokens the draft cannot propose yet (text beyond code needs
             # them: the shipped draft's code vocabulary covers 85% of its instruction answers' tokens).
-            vocab = _grow_vocab(vocab, data[:train_hi], arch.vocab_size, cfg.draft_vocab)
+            vocab = _draft_vocab(data[:train_hi], arch.vocab_size, cfg.draft_vocab, vocab)
             net.cfg.vocab_ids = vocab
     else:
         vocab = _draft_vocab(data[:train_hi], arch.vocab_size, cfg.draft_vocab, tokenizer.eos_token_ids)
