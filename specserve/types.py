@@ -111,6 +111,19 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"  # LLMEngine.abort: the caller gave up on it (an exception, Ctrl-C, a client gone)
 
 
+class TokenOrigin(str, enum.Enum):
+    """Who produced an output token (CompletionOutput.origins; `specserve generate --show-origins`
+    colours by it, as the staged speculative decoding paper's Figure 3 does). Every token is the
+    target's choice in the end (speculation is lossless); the origin says which part of the engine
+    proposed it: the target itself (a plain step, or the one token a verify step adds after the
+    accepted drafts), or the drafter whose draft the target accepted."""
+
+    TARGET = "target"
+    DRAFT = "draft"  # a draft model (the EAGLE draft, or a smaller model)
+    LOOKUP = "lookup"  # prompt lookup: copied from the sequence's own tokens
+    NGRAM = "ngram"  # the Katz back-off n-gram model
+
+
 @dataclass
 class Draft:
     """Proposed tokens for one request, not yet verified: what a drafter made, the one place a draft
@@ -125,6 +138,7 @@ class Draft:
     # prompt lookup
     confidence: list[float] = field(default_factory=list)
     parents: Optional[list[int]] = None  # a tree: each token's parent; None: a chain
+    origin: TokenOrigin = TokenOrigin.DRAFT  # who proposed these tokens (what they count as once accepted)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -166,7 +180,7 @@ class Draft:
         new_parents = [index.get(parents[j], -1) for j in keep]
         chain = new_parents == list(range(-1, len(keep) - 1))
         return Draft([self.tokens[j] for j in keep], None if self.probs is None else self.probs[keep],
-                     [self.confidence[j] for j in keep], None if chain else new_parents)
+                     [self.confidence[j] for j in keep], None if chain else new_parents, self.origin)
 
 
 @dataclass(eq=False)  # identity: two requests are never "equal"
@@ -182,6 +196,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[dict[int, float]] = field(default_factory=list)  # logprobs=k: {id: logprob}, most likely first
+    output_origins: list[TokenOrigin] = field(default_factory=list)  # who proposed each output token
     num_computed_tokens: int = 0  # tokens whose KV is in the cache (Scheduler moves it)
     draft: Optional[Draft] = None  # proposed tokens riding after the known ones this step (spec.decoder sets it)
     block_table: list[int] = field(default_factory=list)
@@ -234,6 +249,7 @@ class CompletionOutput:
     per_token_latency: Optional[float] = None  # seconds per output token after the first
     accepted_per_step: Optional[list[int]] = None  # speculative decoding: drafts accepted at each verify step
     drafted_per_step: Optional[list[int]] = None  # and drafts proposed
+    origins: Optional[list[str]] = None  # per token, who proposed it: a TokenOrigin value ("target", "draft", ...)
 
 
 @dataclass(frozen=True)
@@ -245,6 +261,7 @@ class StreamDelta:
     token_ids: list[int]  # new token ids
     logprobs: Optional[list[float]] = None  # theirs, where SamplingParams.logprobs asks
     top_logprobs: Optional[list[dict[int, float]]] = None  # logprobs=k: per new token, {id: logprob}
+    origins: Optional[list[str]] = None  # per new token, who proposed it (TokenOrigin values)
     finish_reason: Optional[str] = None  # set on the sample's last delta: "stop", "length", "abort"
     stop_reason: Union[int, str, None] = None
 

@@ -21,6 +21,7 @@ import random
 import re
 import statistics
 import time
+from typing import Optional
 
 import torch
 from tqdm.auto import tqdm
@@ -29,6 +30,7 @@ from ..engine.llm import LLM
 from ..types import SamplingParams
 from . import peers, spec_shapes
 from .humaneval import humaneval_problems
+from .origins_page import origins_page
 
 SEED = 1234
 ABLATIONS = {
@@ -222,15 +224,17 @@ def run_spec_bench(args) -> dict:
         result["pass_at_1"] = {"batch": 8, "rd": _pass_at_1(rd, problems, 8, args.max_tokens, bar),
                                "spec": _pass_at_1(spec, problems, 8, args.max_tokens, bar)}
     bar.close()
+    pages = {"origins": origins_page(spec, args.origins_prompts, args.origins_prompts, args.max_tokens)} \
+        if args.origins_prompts else {}
     result["peers_tokens_per_s_batch1_greedy"] = _peers(rd, problems, args.max_tokens, args.peer_prompts, args.threads, args.device) \
         if args.peers else {}
     bw = peers.memory_bandwidth_gbs(device=args.device)
     wb = rd.engine.model.weight_bytes
     result["hardware"] = {"weight_bytes": wb, "bandwidth_gbs": round(bw, 1), "floor_ms_per_token": round(wb / bw / 1e6, 2)}
-    return _write(result, args.out)
+    return _write(result, args.out, pages)
 
 
-def _write(result: dict, out_dir: str) -> dict:
+def _write(result: dict, out_dir: str, pages: Optional[dict[str, str]] = None) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     tag = ("spec-" + result["machine"]["device"].split(":")[0] + "-" + time.strftime("%Y%m%d-%H%M%S"))
     base = os.path.join(out_dir, tag)
@@ -242,8 +246,11 @@ def _write(result: dict, out_dir: str) -> dict:
         plot(result, base + ".png")
     except ImportError:
         pass
+    for name, page in (pages or {}).items():
+        with open(f"{base}-{name}.html", "w") as f:
+            f.write(page)
     print(markdown(result))
-    print(f"written {base}.json / .md / .png")
+    print(f"written {base}.json / .md / .png" + "".join(f" / -{name}.html" for name in pages or {}))
     return result
 
 

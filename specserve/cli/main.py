@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    g.add_argument("--show-origins", action="store_true",
+                   help="print the answer coloured by who proposed each token (the target, the draft model, lookup, "
+                        "n-gram) once it is done, instead of streaming it")
     add_model_args(g)
     add_spec_args(g)
 
@@ -159,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--shape-sequences", type=positive_int, default=16, help="sequences per batch size in the shapes part")
     sp.add_argument("--shape-min-rounds", type=positive_int, default=4)
     sp.add_argument("--per-category", type=positive_int, default=8, help="prompts per category beyond code (at most 8)")
+    sp.add_argument("--origins-prompts", type=int, default=2,
+                    help="an HTML page of this many HumanEval and as many chat answers coloured by token origin (0: none)")
     sp.add_argument("--out", default="bench/results")
     add_model_args(sp)
     add_spec_args(sp, default="draft")
@@ -188,6 +193,8 @@ def cmd_generate(args) -> int:
     pieces: dict[int, list[str]] = {}
 
     def on_text(_, sample, delta, finished):
+        if args.show_origins:
+            return  # printed coloured at the end
         if args.n == 1:  # stream as it comes
             sys.stdout.write(delta)
             sys.stdout.flush()
@@ -203,7 +210,9 @@ def cmd_generate(args) -> int:
     else:
         out = llm.generate(args.prompt, params, on_text=on_text)[0]
     wall = time.perf_counter() - t0
-    if args.n == 1:
+    if args.show_origins:
+        _print_origins(llm.tokenizer, out.outputs)
+    elif args.n == 1:
         sys.stdout.write("\n")
     n_tokens = sum(len(o.token_ids) for o in out.outputs)
     m = out.metrics
@@ -218,6 +227,17 @@ def cmd_generate(args) -> int:
         print(f"[speculative {args.speculative}: {st['accepted']}/{st['drafted']} drafts accepted ({rate}), "
               f"{per_step} tokens per target step, {st['fallback_steps']} plain steps]", file=sys.stderr)
     return 0
+
+
+def _print_origins(tokenizer, outputs) -> None:
+    from .. import origins as org
+    for o in outputs:
+        if len(outputs) > 1:
+            sys.stdout.write(f"--- sample {o.index} ---\n")
+        sys.stdout.write(org.ansi(org.runs(tokenizer, o.token_ids, o.origins)) + "\n")
+    every = [x for o in outputs for x in o.origins]
+    share = ", ".join(f"{k} {v:.0%}" for k, v in org.shares(every).items())
+    sys.stdout.write(f"[origins: {org.legend_ansi(every)}; {share}]\n")
 
 
 def _run(args) -> int:

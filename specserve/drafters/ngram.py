@@ -13,7 +13,7 @@ import os
 from typing import Optional
 
 from ..ngram.katz import KatzModel
-from ..types import Draft, Request
+from ..types import Draft, Request, TokenOrigin
 from .base import Drafter, DrafterContext, Proposal
 
 BANDS = (0.1, 0.3, 0.5, 0.7, 0.9)  # n-gram probability band edges; 6 bands
@@ -78,7 +78,7 @@ class NgramDrafter(Drafter):
                 conf.append(c)
                 bands.append(band)
                 context = [context[-1], t] if context else [t]
-            drafts.append(Draft(tokens, None, conf))
+            drafts.append(Draft(tokens, None, conf, origin=TokenOrigin.NGRAM))
             if tokens:
                 self.proposed[r.request_id] = (bands, len(r.spec_drafted))
         return Proposal(drafts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..types import Draft, Request
+from ..types import Draft, Request, TokenOrigin
 from .base import Drafter, DrafterContext, Proposal
 
 # How often a looked-up token is accepted, by the length of the n-gram that matched: (the first token,
@@ -53,7 +53,8 @@ class PromptLookupDrafter(Drafter):
         drafts = []
         for r in requests:
             tokens, ngram = self._lookup(r.all_token_ids, max_len)
-            drafts.append(Draft(tokens, None, self.confidence(ngram, len(tokens), r.request_id) if tokens else []))
+            drafts.append(Draft(tokens, None, self.confidence(ngram, len(tokens), r.request_id) if tokens else [],
+                                origin=TokenOrigin.LOOKUP))
             if tokens:
                 self.proposed[r.request_id] = (ngram, len(r.spec_drafted))
         return Proposal(drafts)

@@ -201,6 +201,7 @@ class AsyncLLM:
             index=r.sample_index, text=text, token_ids=list(new),
             logprobs=list(r.output_logprobs[sent:]) if r.params.wants_logprobs else None,
             top_logprobs=list(r.output_top_logprobs[sent:]) if k else None,
+            origins=[o.value for o in r.output_origins[sent:]],
             finish_reason=r.finish_reason.value if r.is_finished and r.finish_reason else None,
             stop_reason=r.stop_reason if r.is_finished else None)
         self._deliver(stream, delta)

@@ -124,5 +124,6 @@ class LLM:
                 top_logprobs=list(r.output_top_logprobs) if r.params.num_top_logprobs else None,
                 time_to_first_token=ttft, per_token_latency=tpot,
                 accepted_per_step=list(r.spec_accepted) if r.spec_drafted else None,
-                drafted_per_step=list(r.spec_drafted) if r.spec_drafted else None))
+                drafted_per_step=list(r.spec_drafted) if r.spec_drafted else None,
+                origins=[o.value for o in r.output_origins]))
         return RequestOutput(group[0].group_id, prompt, list(group[0].prompt_token_ids), outs)

@@ -18,7 +18,7 @@ from ..models import build_model
 from ..sampling.sampler import make_generator, sample, token_logprobs
 from ..scheduler.scheduler import ScheduledRequest, Scheduler
 from ..spec import SpeculativeDecoder, Verified, calibrate, make_policy
-from ..types import FinishReason, Request, RequestStatus, SamplingParams
+from ..types import FinishReason, Request, RequestStatus, SamplingParams, TokenOrigin
 from .runner import ModelRunner, StepOutput
 from .threads import ThreadGovernor
 
@@ -215,12 +215,12 @@ class LLMEngine:
         results = self._sample_plain(samplers, out.logits, now) if samplers else []
         for s, rows in verifiers:
             r = s.request
-            emitted = verified[r.request_id].tokens
-            lp = token_logprobs(out.logits[rows.logits][list(verified[r.request_id].rows)], emitted,
+            v = verified[r.request_id]
+            lp = token_logprobs(out.logits[rows.logits][list(v.rows)], v.tokens,
                                 r.params.num_top_logprobs) if r.params.wants_logprobs else None
             delta = ""
-            for j, tok in enumerate(emitted):
-                delta += self._append(r, tok, None if lp is None else (lp[0][j], lp[1][j]), now)
+            for j, (tok, origin) in enumerate(zip(v.tokens, v.origins)):
+                delta += self._append(r, tok, None if lp is None else (lp[0][j], lp[1][j]), now, origin)
                 if r.is_finished:
                     break
             results.append((r, delta))
@@ -268,9 +268,12 @@ class LLMEngine:
         return [(r, self._append(r, tok, None if logprobs is None else (logprobs[0][j], logprobs[1][j]), now))
                 for j, (r, tok) in enumerate(zip(row_reqs, tokens))]
 
-    def _append(self, r: Request, token: int, logprob: Optional[tuple[float, dict[int, float]]], now: float) -> str:
-        """logprob: (the token's, the top-k {id: logprob}) from token_logprobs, where the step computed them."""
+    def _append(self, r: Request, token: int, logprob: Optional[tuple[float, dict[int, float]]], now: float,
+                origin: TokenOrigin = TokenOrigin.TARGET) -> str:
+        """logprob: (the token's, the top-k {id: logprob}) from token_logprobs, where the step computed them;
+        origin: who proposed the token (an accepted draft's drafter, else the target)."""
         r.output_token_ids.append(token)
+        r.output_origins.append(origin)
         if logprob is not None and r.params.wants_logprobs:
             r.output_logprobs.append(logprob[0])
             if r.params.num_top_logprobs:

@@ -26,7 +26,7 @@ from ..drafters.base import Drafter, Proposal, TreeShape
 from ..sampling.rejection import rejection_sample, verify_greedy
 from ..sampling.sampler import warp_logits
 from ..sampling.tree import children_table, verify_tree, verify_tree_greedy
-from ..types import Draft, Request, RequestStatus
+from ..types import Draft, Request, RequestStatus, TokenOrigin
 from .cost_model import DRAFT_COST_GUESS, CostModel
 from .policies import DraftLengthPolicy
 from .selection import select_drafts
@@ -48,6 +48,12 @@ class Verified:
     # may skip rows, whose KV then moves up (Scheduler.keep_rows).
     rows: tuple[int, ...] = ()
     depth: int = 0  # the draft's depth (a chain's length)
+    origin: TokenOrigin = TokenOrigin.DRAFT  # who proposed the accepted drafts (the last token: the target)
+
+    @property
+    def origins(self) -> list[TokenOrigin]:
+        """Who proposed each of `tokens`."""
+        return [self.origin] * self.num_accepted + [TokenOrigin.TARGET]
 
     @property
     def num_rejected(self) -> int:
@@ -303,8 +309,8 @@ class SpeculativeDecoder:
         for r, a, n in zip(requests, accepted, drafted):
             r.spec_drafted.append(n)
             r.spec_accepted.append(a)
-        return [Verified(n, len(path), e, (0,) + tuple(j + 1 for j in path), depth)
-                for n, path, e, depth in zip(drafted, paths, emitted, depths)]
+        return [Verified(n, len(path), e, (0,) + tuple(j + 1 for j in path), depth, d.origin)
+                for n, path, e, depth, d in zip(drafted, paths, emitted, depths, drafts)]
 
     def _verify_trees(self, requests: list[Request], logits: list[torch.Tensor], generators: list, index: list[int]):
         """Token-tree drafts (deterministic top-k children): the longest matching path for greedy

@@ -76,6 +76,14 @@ def test_build_ngram_then_generate_with_it(tmp_path):
     assert "[speculative ngram:" in r.stderr
 
 
+def test_show_origins_colours_the_answer_by_who_proposed_each_token():
+    r = run("generate", "def add(a, b):\n    return a + b\n\ndef sub(a, b):", "--max-tokens", "24",
+            "--speculative", "lookup", "--no-fallback", "--show-origins")
+    assert r.returncode == 0, r.stderr
+    assert "\033[32m" in r.stdout  # lookup's colour: copies of the prompt's lines were accepted
+    assert "[origins:" in r.stdout and "lookup" in r.stdout.splitlines()[-1]
+
+
 def test_plan_prints_placement_and_writes_json(tmp_path):
     import json
     out = tmp_path / "plan.json"

@@ -227,6 +227,7 @@ def test_async_llm_streams_aborts_by_id_and_refuses_duplicate_ids(server, embedd
     deltas = asyncio.run(collect())
     want = embedded_llm.generate(PROMPTS[0], greedy)[0].outputs[0]
     assert [t for d in deltas for t in d.token_ids] == want.token_ids and "".join(d.text for d in deltas) == want.text
+    assert [o for d in deltas for o in d.origins] == want.origins
     assert deltas[-1].finish_reason == want.finish_reason and all(not d.finished for d in deltas[:-1])
     aborted = asyncio.run(collect("mine", stop_after=3))
     assert aborted[-1].finish_reason == "abort" and len(aborted) < 50

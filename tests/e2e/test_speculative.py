@@ -36,6 +36,9 @@ CONFIGS = {
 }
 
 
+ORIGINS = {"draft": {"draft"}, "lookup": {"lookup"}, "ngram": {"ngram"}, "lookup+draft": {"lookup", "draft"}}
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_speculative_equals_regular_decoding(name, reference):
     llm = LLM(speculative={**CONFIGS[name], "fallback": False}, kv_cache_gib=0.25, max_num_seqs=8)
@@ -54,6 +57,12 @@ def test_greedy_speculative_equals_regular_decoding(name, reference):
         # the first token comes from the prefill; every verify step before the last emitted accepted + 1
         done = o.accepted_per_step[:-1]
         assert sum(done) + len(done) <= len(o.token_ids) - 1
+        # origins: the accepted drafts are the drafter's, the rest the target's (the last verify step
+        # may have been cut short by max_tokens)
+        assert len(o.origins) == len(o.token_ids) and o.origins[0] == "target"
+        drafted = [x for x in o.origins if x != "target"]
+        assert sum(done) <= len(drafted) <= sum(o.accepted_per_step)
+        assert set(drafted) <= ORIGINS[CONFIGS[name]["method"]]
 
 
 def test_draft_model_drafter_with_the_target_as_its_own_draft_accepts_everything(reference):
@@ -111,6 +120,7 @@ def test_a_request_can_opt_out_of_speculation(reference):
     out = llm.generate(PROMPTS[:4], dataclasses.replace(GREEDY, speculative=False))
     assert [o.outputs[0].token_ids for o in out] == reference[:4]
     assert llm.spec_stats()["drafted"] == 0
+    assert all(set(o.outputs[0].origins) == {"target"} for o in out)
     mixed = llm.generate(PROMPTS[:4], [dataclasses.replace(GREEDY, speculative=False), GREEDY, GREEDY, GREEDY])
     assert [o.outputs[0].token_ids for o in mixed] == reference[:4]
     assert not mixed[0].outputs[0].drafted_per_step and llm.spec_stats()["drafted"] > 0
