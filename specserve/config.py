@@ -82,6 +82,10 @@ class SpeculativeConfig:
     # the "ngram" method's Katz model (`specserve build-ngram`); None: one built from the standard
     # library for the target's tokenizer on first use, then cached
     ngram_model: Optional[str] = None
+    # the "staged" method's levels, top down: each drafts for the one before it (the first for the
+    # target). Model stages: "draft" (draft_model, a standalone model), "target" (the serving model
+    # itself), or a model path; the last may also be "ngram" or "lookup" (drafters/staged.py).
+    stages: tuple = ("draft", "ngram")
     # Token trees (drafters that make them: the EAGLE draft): a name in registry.SHAPES, and the tree's
     # width (drafters.TreeShape): top-k children per expanded node, nodes expanded per level, nodes kept.
     shape: str = "chain"
@@ -109,6 +113,12 @@ class SpeculativeConfig:
                 raise ValueError(f"draft_len must be 'auto' or an integer >= 1, got {self.draft_len!r}")
             self.draft_len = k
         _check_int("lookup_max_ngram", self.lookup_max_ngram, 1)
+        if isinstance(self.stages, str):
+            self.stages = tuple(s.strip() for s in self.stages.split(","))
+        if not isinstance(self.stages, (list, tuple)) or len(self.stages) < 2 or \
+                not all(isinstance(s, str) and s for s in self.stages):
+            raise ValueError(f"stages must list at least two stages, top down (e.g. ['draft', 'ngram']), got {self.stages!r}")
+        self.stages = tuple(self.stages)
         if not isinstance(self.fallback, bool):
             raise ValueError(f"fallback must be True or False, got {self.fallback!r}")
 

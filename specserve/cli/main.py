@@ -44,6 +44,9 @@ def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     p.add_argument("--draft-model", type=_model_path, default=None, help="an EAGLE draft dir or a model with the target's tokenizer")
     p.add_argument("--ngram-model", type=_model_path, default=None,
                    help="the ngram method's model (specserve build-ngram; default: built from the stdlib, cached)")
+    p.add_argument("--stages", default=",".join(SpeculativeConfig.stages),
+                   help="the staged method's levels, top down: draft (--draft-model), target, or a model path; the last "
+                        "may be ngram or lookup")
     p.add_argument("--draft-len", default="auto", help="auto, or K: fixed k / BASS l0 / threshold limit")
     p.add_argument("--policy", choices=POLICIES.names(), default="bass", help="draft-length policy")
     p.add_argument("--attention", choices=ATTENTION.names(), default="auto",
@@ -62,7 +65,7 @@ def spec_from_args(args):
         return None
     spec = {"method": args.speculative, "draft_len": args.draft_len, "policy": args.policy, "attention": args.attention,
             "fallback": args.fallback, "shape": args.shape, "tree_top_k": args.tree_top_k, "tree_beam": args.tree_beam,
-            "tree_max_nodes": args.tree_max_nodes}
+            "tree_max_nodes": args.tree_max_nodes, "stages": args.stages}
     if args.draft_model:
         spec["draft_model"] = args.draft_model
     if args.ngram_model:
@@ -140,6 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--peers", default="hf-fp32,hf-bf16,llama.cpp", help="comma list; missing ones are skipped")
     d.add_argument("--out", default="bench/results")
     add_model_args(d)
+
+    st = bsub.add_parser("staged", help="staged / hierarchical drafting vs plain speculation and regular decoding: "
+                                        "the staged paper's and the MIT report's tables")
+    st.add_argument("--stage-model", default="target",
+                    help="the standalone draft model staged: a model path, or target (the serving model itself)")
+    st.add_argument("--mid-model", default=None, help="the 3-level chain's middle model (default: --stage-model)")
+    st.add_argument("--last", default="lookup", choices=("lookup", "ngram"), help="the lowest stage")
+    st.add_argument("--draft-len", type=positive_int, default=4, help="the target's fixed draft length k")
+    st.add_argument("--prompts", type=positive_int, default=12, help="HumanEval prompts")
+    st.add_argument("--first", type=int, default=12, help="the first HumanEval problem")
+    st.add_argument("--max-tokens", type=positive_int, default=128)
+    st.add_argument("--out", default="bench/results")
+    add_model_args(st)
 
     sp = bsub.add_parser("spec", help="speculative vs regular decoding: the BASS tables, ablations, Pass@1, peers")
     sp.add_argument("--batch-sizes", default="1,2,4,8,16")
@@ -265,6 +281,10 @@ def _run(args) -> int:
             raise ValueError("bench spec compares speculative decoding with regular decoding; "
                              f"pick --speculative {'|'.join(DRAFTERS.names())}")
         run_spec_bench(args)
+        return 0
+    if args.command == "bench" and args.bench == "staged":
+        from ..bench.staged import run_staged_bench
+        run_staged_bench(args)
         return 0
     if args.command == "bench" and args.bench == "serve":
         from ..bench.serve import run_serve_bench

@@ -91,5 +91,12 @@ class Drafter:
     def fork(self, parent: Request, child: Request) -> None:
         pass
 
+    def report(self) -> dict:
+        """What this drafter measured of itself, for LLM.spec_stats() (staged drafting: per stage pair)."""
+        return {}
+
+    def reset_report(self) -> None:
+        """Start report()'s counts afresh (LLM.reset_spec_stats)."""
+
 
 __all__ = ["Draft", "Drafter", "DrafterContext", "Proposal", "TreeShape"]

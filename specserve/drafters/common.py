@@ -68,10 +68,7 @@ class DraftPicker:
                 tok, q, c = best[i], None, best_p[i]
             else:
                 q_sub = warp_logits(logits[i:i + 1].float(), r.params)[0]
-                g = self.generators.get(r.request_id)
-                if g is None:
-                    g = self.generators[r.request_id] = make_generator(None if r.seed is None else r.seed + 7919, self.device)
-                tok = draw(q_sub, g)
+                tok = draw(q_sub, self.generator(r))
                 c = float(q_sub[tok])
                 q = q_sub if self.vocab_ids is None else \
                     torch.zeros(self.target_vocab, device=q_sub.device).index_copy_(0, self.vocab_ids, q_sub)
@@ -79,6 +76,13 @@ class DraftPicker:
             qs.append(q)
             conf.append(c)
         return tokens, qs, conf
+
+    def generator(self, r: Request) -> torch.Generator:
+        """The request's draft generator (seeded from its seed, so that seeded runs repeat)."""
+        g = self.generators.get(r.request_id)
+        if g is None:
+            g = self.generators[r.request_id] = make_generator(None if r.seed is None else r.seed + 7919, self.device)
+        return g
 
     def release(self, rid: str) -> None:
         self.generators.pop(rid, None)

@@ -32,6 +32,11 @@ def build(spec, ctx: DrafterContext) -> Drafter:
     if _is_eagle(path):
         from .eagle import EagleDrafter
         return EagleDrafter.load(path, ctx)
+    return load_model_drafter(path, ctx)
+
+
+def load_model_drafter(path: str, ctx: DrafterContext) -> "DraftModelDrafter":
+    """A standalone draft model (any model file or directory with the target's tokenizer)."""
     from ..loading import load_model_files
     from ..models import build_model
     target = ctx.target
@@ -60,6 +65,7 @@ class DraftModelDrafter(Drafter):
         self.picker = DraftPicker(a.vocab_size, model.device)
         self.proposed_at: dict[str, tuple[int, int]] = {}  # rid -> (tokens when drafted, speculative rows)
         self.attention = attention
+        self.passes = 0  # model passes run (catch-ups included): memory traffic in `specserve bench staged`
 
     @torch.inference_mode()
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
@@ -82,19 +88,27 @@ class DraftModelDrafter(Drafter):
         drafts.update(autoregressive_drafts(live, max_len, min_confidence, self.picker, logits, advance))
         for r in live:
             self.proposed_at[r.request_id] = (r.num_tokens, len(drafts[r.request_id].tokens) - 1)
+        self.passes += max(len(drafts[r.request_id].tokens) for r in live)
         return Proposal([drafts[r.request_id] for r in requests], max(len(drafts[r.request_id].tokens) for r in live),
                         len(live), catchup)
 
-    def _forward(self, reqs: list[Request], spans: list[list[int]], starts: list[int]) -> torch.Tensor:
-        """Run each request's token span at its positions -> logits of each span's last row [B, vocab]."""
+    def _forward(self, reqs: list[Request], spans: list[list[int]], starts: list[int], every_row: bool = False) -> torch.Tensor:
+        """Run each request's token span at its positions -> logits of each span's last row [B, vocab]
+        (every_row: of every row [sum of span lengths, vocab], spans one after another)."""
         dev = self.model.device
         q_lens = [len(s) for s in spans]
         kv_lens = [a + n for a, n in zip(starts, q_lens)]
         meta = self.kv.metadata([r.request_id for r in reqs], q_lens, kv_lens, self.attention)
         ids = torch.tensor([t for s in spans for t in s], dtype=torch.long, device=dev)
         pos = torch.tensor([p for a, n in zip(starts, q_lens) for p in range(a, a + n)], dtype=torch.long, device=dev)
-        last = torch.cumsum(torch.tensor(q_lens, device=dev), 0) - 1
+        last = torch.arange(len(ids), device=dev) if every_row else torch.cumsum(torch.tensor(q_lens, device=dev), 0) - 1
         return self.model.forward(ids, pos, meta, self.kv.cache.k, self.kv.cache.v, last)
+
+    def report(self) -> dict:
+        return {"models": [{"stage": "draft", "passes": self.passes, "weight_bytes": self.model.weight_bytes}]}
+
+    def reset_report(self) -> None:
+        self.passes = 0
 
     def observe(self, request: Request, start: int, hidden: Optional[torch.Tensor], num_accepted: int) -> None:
         rid = request.request_id

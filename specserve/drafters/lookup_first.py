@@ -53,3 +53,9 @@ class LookupFirstDrafter(Drafter):
 
     def fork(self, parent: Request, child: Request) -> None:
         self.model.fork(parent, child)
+
+    def report(self) -> dict:
+        return self.model.report()
+
+    def reset_report(self) -> None:
+        self.model.reset_report()

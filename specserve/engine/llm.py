@@ -94,9 +94,10 @@ class LLM:
     def spec_stats(self) -> Optional[dict]:
         """What speculative decoding has done since the engine started (or reset_spec_stats): steps,
         drafted and accepted tokens, alpha, tokens per target step, seconds, and c (draft step over
-        target step at batch 1, measured). None without speculation."""
+        target step at batch 1, measured); staged drafting adds alpha, c and k per stage pair and the
+        gain they predict. None without speculation."""
         spec = self.engine.speculator
-        return None if spec is None else {**spec.stats.as_dict(), "c": spec.c}
+        return None if spec is None else {**spec.stats.as_dict(), "c": spec.c, **spec.hierarchy()}
 
     def reset_spec_stats(self) -> None:
         with self._lock:

@@ -41,6 +41,11 @@ class SpecStats:
         return self.accepted / (self.accepted + self.rejections) if self.accepted + self.rejections else None
 
     @property
+    def mean_draft_len(self) -> Optional[float]:
+        """Draft tokens per verified sequence (a tree's nodes)."""
+        return self.drafted / self.drafted_at[0] if self.drafted_at and self.drafted_at[0] else None
+
+    @property
     def acceptance_rate(self) -> Optional[float]:
         return self.accepted / self.drafted if self.drafted else None
 

@@ -33,10 +33,15 @@ CONFIGS = {
     "lookup+draft-bass": dict(method="lookup+draft", policy="bass"),
     "ngram-fixed3": dict(method="ngram", policy="fixed", draft_len=3),
     "ngram-bass-pad": dict(method="ngram", policy="bass", attention="pad"),
+    # staged drafting: the target as a standalone draft model (the only one with this tokenizer here),
+    # itself drafted for by lookup / by a second copy drafted for by the n-gram model
+    "staged-target-lookup": dict(method="staged", stages=["target", "lookup"], policy="fixed", draft_len=4),
+    "staged-3-levels-pad": dict(method="staged", stages=["target", "target", "ngram"], policy="bass", attention="pad"),
 }
 
 
-ORIGINS = {"draft": {"draft"}, "lookup": {"lookup"}, "ngram": {"ngram"}, "lookup+draft": {"lookup", "draft"}}
+ORIGINS = {"draft": {"draft"}, "lookup": {"lookup"}, "ngram": {"ngram"}, "lookup+draft": {"lookup", "draft"},
+           "staged": {"draft"}}
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -138,6 +143,10 @@ def test_a_request_can_opt_out_of_speculation(reference):
     (dict(fallback="no"), "fallback must be True or False"),
     (dict(shape="forest"), "unknown draft shape"),
     (dict(tree_top_k=0), "tree_top_k must be an integer >= 1"),
+    (dict(method="staged", stages=["draft"]), "at least two stages"),
+    (dict(method="staged", stages=["ngram", "draft"]), "only the last stage may be"),
+    (dict(method="staged", stages=["draft", "ngram"]), "cannot be staged"),  # the shipped draft is an EAGLE draft
+    (dict(method="staged", stages=["/no/such/model", "ngram"]), "no such model"),
 ])
 def test_bad_settings_fail_with_one_line(spec, message):
     with pytest.raises(ValueError, match=message) as e:

@@ -1,0 +1,188 @@
+"""`specserve bench staged`: staged and hierarchical drafting against plain speculation with the same
+draft model and regular decoding, batch 1, HumanEval prompts, every configuration run on each prompt
+in turn (so that the machine's drift hits them alike):
+
+- the staged paper's Table 1 (memory traffic per token relative to regular decoding: the weight and KV
+  bytes every pass of every model reads, over the tokens emitted) and Table 2 (tokens/s greedy and
+  top-k k=50 T=1), and its Figure 2 (per-problem speedup, sorted);
+- the MIT 6.s898 report's tables: alpha, c and k per model pair, tokens/s with 2 and 3 levels, and
+  the gain its formula predicts from them (as published, and with the target's verify pass priced on
+  its measured step-time curve) against the gain measured.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from typing import Optional
+
+import torch
+from tqdm.auto import tqdm
+
+from ..engine.llm import LLM
+from ..spec.hierarchy import Level, chain_gain
+from ..types import SamplingParams
+from .humaneval import humaneval_problems
+
+SETTINGS = {"greedy": dict(temperature=0), "top-k 50, T=1": dict(temperature=1.0, top_k=50, seed=7)}
+
+
+def _configs(args, target_path: str) -> dict:
+    model = target_path if args.stage_model == "target" else args.stage_model
+    mid = args.mid_model or args.stage_model
+    common = dict(policy="fixed", draft_len=args.draft_len, fallback=False)
+    return {"regular": None,
+            "speculative": dict(method="draft", draft_model=model, **common),
+            "staged, 2 levels": dict(method="staged", stages=[args.stage_model, args.last], **common),
+            "staged, 3 levels": dict(method="staged", stages=[args.stage_model, mid, args.last], **common)}
+
+
+def _kv_bytes_per_token(arch) -> int:
+    return 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * 4
+
+
+def run_staged_bench(args) -> dict:
+    torch.set_num_threads(args.threads or os.cpu_count())
+    problems = humaneval_problems()[args.first:args.first + args.prompts]
+    rd = LLM(model=args.model, num_threads=args.threads, kv_cache_gib=args.kv_cache_gib)
+    configs = _configs(args, rd.engine.model_path)
+    llms = {name: rd if cfg is None else LLM(model=args.model, num_threads=args.threads, kv_cache_gib=args.kv_cache_gib,
+                                             speculative=cfg) for name, cfg in configs.items()}
+    for llm in llms.values():
+        llm.generate(problems[0]["prompt"], SamplingParams(temperature=0, max_tokens=8))
+    w_target = rd.engine.model.weight_bytes
+    kv_target = _kv_bytes_per_token(rd.engine.model.arch)
+    bar = tqdm(total=len(SETTINGS) * len(problems) * len(llms), desc="bench staged", unit="run")
+    result = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
+                          "threads": torch.get_num_threads()},
+              "model": os.path.basename(rd.engine.model_path), "stage_model": args.stage_model, "last": args.last,
+              "draft_len": args.draft_len, "max_tokens": args.max_tokens, "settings": {}}
+    for setting, kw in SETTINGS.items():
+        params = SamplingParams(max_tokens=args.max_tokens, **kw)
+        per = {name: {"tokens": [], "seconds": [], "context": []} for name in llms}
+        for llm in llms.values():
+            llm.reset_spec_stats()
+        for p in problems:
+            for name, llm in llms.items():
+                t0 = time.perf_counter()
+                out = llm.generate(p["prompt"], params)[0]
+                per[name]["seconds"].append(time.perf_counter() - t0)
+                n = len(out.outputs[0].token_ids)
+                per[name]["tokens"].append(n)
+                per[name]["context"].append(len(out.prompt_token_ids) + n / 2)
+                per[name].setdefault("ttft", []).append(out.outputs[0].time_to_first_token or 0.0)
+                per[name].setdefault("tpot", []).append(out.outputs[0].per_token_latency or 0.0)
+                bar.update()
+        rows = {}
+        base = sum(per["regular"]["tokens"]) / sum(per["regular"]["seconds"])
+        context = sum(per["regular"]["context"]) / len(problems)
+        regular_bytes = w_target + kv_target * context  # one target pass per token
+        t_step = sum(per["regular"]["tpot"]) / len(problems)  # regular decoding's step, this run
+        prefill = sum(per["regular"]["ttft"])
+        for name, llm in llms.items():
+            tokens, secs = sum(per[name]["tokens"]), sum(per[name]["seconds"])
+            row = {"tokens_per_s": tokens / secs, "measured_gain": tokens / secs / base,
+                   "per_problem_gain": [(t / s) / (tr / sr) for t, s, tr, sr in zip(
+                       per[name]["tokens"], per[name]["seconds"], per["regular"]["tokens"], per["regular"]["seconds"])]}
+            st = llm.spec_stats()
+            if st is not None:
+                passes = st["target_steps"]
+                traffic = passes * (w_target + kv_target * context)
+                models = st.get("stage_models") or []
+                for s in models:  # KV read as if the draft had the target's shape (here it is the target)
+                    traffic += s["passes"] * (s["weight_bytes"] + kv_target * context)
+                row.update({"alpha": st["alpha"], "c": st["c"], "tokens_per_target_step": st["tokens_per_target_step"],
+                            "traffic_per_token": traffic / tokens / regular_bytes,
+                            **{k: st.get(k) for k in ("stages", "predicted_gain", "predicted_gain_cpu", "verify_cost")}})
+                row["predicted_gain_this_run"] = _predict_this_run(st, t_step, prefill)
+            else:
+                row["traffic_per_token"] = 1.0
+            rows[name] = row
+        result["settings"][setting] = rows
+    bar.close()
+    return _write(result, args.out)
+
+
+def _predict_this_run(st: dict, t_step: float, prefill: float) -> Optional[float]:
+    """The formula with the top pair's c and verify cost measured against regular decoding's step in
+    this same run (the engine's own c divides by a step time measured at another moment, and the
+    formula prices verification as one step): c = the stage model's seconds per pass / t_step, v = the
+    target's seconds per verify step (its prefills, taken as regular decoding's, left out) / t_step."""
+    stages, models = st.get("stages") or [], st.get("stage_models") or []
+    if not stages or not models or not st["spec_steps"] or any(p[x] is None for p in stages for x in ("alpha", "c", "k")):
+        return None
+    passes = models[0]["passes"]
+    draft_seconds = st["draft_seconds"] if len(stages) == 1 else None
+    if draft_seconds is None:  # staged: the drafter's own timing of its model's passes (batch 1)
+        top = st.get("stage_pass_seconds")
+        c = top / t_step if top else stages[0]["c"]
+    else:
+        c = draft_seconds / max(passes, 1) / t_step
+    v = max(st["target_seconds"] - prefill, 0.0) / st["spec_steps"] / t_step
+    levels = [Level(stages[0]["alpha"], c, stages[0]["k"], v)] + [Level(p["alpha"], p["c"], p["k"]) for p in stages[1:]]
+    return chain_gain(levels)
+
+
+def _write(result: dict, out_dir: str) -> dict:
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, "staged-" + time.strftime("%Y%m%d-%H%M%S"))
+    with open(base + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(markdown(result))
+    try:
+        plot(result, base + ".png")
+    except ImportError:
+        pass
+    print(markdown(result))
+    print(f"written {base}.json / .md / .png")
+    return result
+
+
+def _f(x, fmt="{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def markdown(r: dict) -> str:
+    m = r["machine"]
+    lines = [f"# Staged and hierarchical drafting: {r['model']}, batch 1, {r['max_tokens']} tokens, fixed k={r['draft_len']}",
+             "", f"Machine: {m['processor'] or m['platform']}, {m['threads']} threads. Stage model: {r['stage_model']}; "
+             f"last stage: {r['last']}.", ""]
+    for setting, rows in r["settings"].items():
+        lines += [f"## {setting}", "",
+                  "| configuration | tokens/s | measured gain | predicted: formula, engine's c | + CPU verify cost "
+                  "| + c, v measured this run | memory traffic per token | tokens per target step |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, row in rows.items():
+            lines.append(f"| {name} | {row['tokens_per_s']:.1f} | {row['measured_gain']:.3f}x | "
+                         f"{_f(row.get('predicted_gain'), '{:.3f}x')} | {_f(row.get('predicted_gain_cpu'), '{:.3f}x')} | "
+                         f"{_f(row.get('predicted_gain_this_run'), '{:.3f}x')} | "
+                         f"{row['traffic_per_token']:.2f} | {_f(row.get('tokens_per_target_step'))} |")
+        lines += ["", "Per pair (alpha, c, k):", ""]
+        for name, row in rows.items():
+            for s in row.get("stages") or []:
+                lines.append(f"- {name}: {s['pair']}: alpha {_f(s['alpha'])}, c {_f(s['c'], '{:.3f}')}, k {_f(s['k'])}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(r: dict, path: str) -> None:
+    """The staged paper's Figure 2: per-problem speedup over regular decoding, sorted."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(r["settings"]), figsize=(6 * len(r["settings"]), 4), squeeze=False)
+    for ax, (setting, rows) in zip(axes[0], r["settings"].items()):
+        for name, row in rows.items():
+            if name != "regular":
+                ax.plot(sorted(row["per_problem_gain"]), marker=".", label=name)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xlabel("problem (sorted)")
+        ax.set_ylabel("speedup over regular decoding")
+        ax.set_title(f"{r['model']}: {setting}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
