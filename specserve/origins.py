@@ -18,6 +18,7 @@ STYLE = {
     TokenOrigin.DRAFT: ("\033[34m", "#cfe3ff"),  # blue
     TokenOrigin.LOOKUP: ("\033[32m", "#cdf5d3"),  # green
     TokenOrigin.NGRAM: ("\033[35m", "#f1d6f7"),  # magenta
+    TokenOrigin.SUFFIX: ("\033[33m", "#fbeec2"),  # yellow
 }
 RESET = "\033[0m"
 

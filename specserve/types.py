@@ -122,6 +122,7 @@ class TokenOrigin(str, enum.Enum):
     DRAFT = "draft"  # a draft model (the EAGLE draft, or a smaller model)
     LOOKUP = "lookup"  # prompt lookup: copied from the sequence's own tokens
     NGRAM = "ngram"  # the Katz back-off n-gram model
+    SUFFIX = "suffix"  # suffix drafting: what followed the longest match in this and earlier requests
 
 
 @dataclass

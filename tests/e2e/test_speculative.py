@@ -33,6 +33,8 @@ CONFIGS = {
     "lookup+draft-bass": dict(method="lookup+draft", policy="bass"),
     "ngram-fixed3": dict(method="ngram", policy="fixed", draft_len=3),
     "ngram-bass-pad": dict(method="ngram", policy="bass", attention="pad"),
+    "suffix-bass": dict(method="suffix", policy="bass"),
+    "suffix-fixed-pad": dict(method="suffix", policy="fixed", draft_len=6, attention="pad"),
     # staged drafting: the target as a standalone draft model (the only one with this tokenizer here),
     # itself drafted for by lookup / by a second copy drafted for by the n-gram model
     "staged-target-lookup": dict(method="staged", stages=["target", "lookup"], policy="fixed", draft_len=4),
@@ -41,7 +43,7 @@ CONFIGS = {
 
 
 ORIGINS = {"draft": {"draft"}, "lookup": {"lookup"}, "ngram": {"ngram"}, "lookup+draft": {"lookup", "draft"},
-           "staged": {"draft"}}
+           "staged": {"draft"}, "suffix": {"suffix"}}
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -117,6 +119,16 @@ def test_top_k_logprobs_of_verified_tokens_equal_regular_decoding(embedded_llm, 
         assert a.token_ids == b.token_ids and [list(t) for t in a.top_logprobs] == [list(t) for t in b.top_logprobs]
         assert all(abs(x - y) < 1e-4 for x, y in zip(a.logprobs, b.logprobs))
         assert all(abs(s[t] - u[t]) < 1e-4 for s, u in zip(a.top_logprobs, b.top_logprobs) for t in s)
+
+
+def test_suffix_drafting_drafts_a_repeated_request_from_the_cached_output(reference):
+    llm = LLM(speculative=dict(method="suffix", fallback=False), kv_cache_gib=0.25)
+    first = llm.generate(PROMPTS[0], GREEDY)[0].outputs[0]
+    again = llm.generate(PROMPTS[0], GREEDY)[0].outputs[0]
+    assert first.token_ids == again.token_ids == reference[0]
+    # the second time the first output is matched, with drafts that grow with the match
+    assert again.origins.count("suffix") >= 0.6 * len(again.token_ids) > first.origins.count("suffix")
+    assert max(again.accepted_per_step) >= 6
 
 
 def test_a_request_can_opt_out_of_speculation(reference):
