@@ -69,6 +69,8 @@ DRAFTERS.register("ngram", "specserve.drafters.ngram:build",
                   "a Katz back-off trigram model (specserve build-ngram; default: built from the stdlib)")
 DRAFTERS.register("lookup+draft", "specserve.drafters.lookup_first:build",
                   "prompt lookup where the text repeats, the draft model elsewhere")
+DRAFTERS.register("suffix+draft", "specserve.drafters.lookup_first:build_suffix",
+                  "suffix drafting where this or an earlier request's text matches, the draft model elsewhere")
 DRAFTERS.register("suffix", "specserve.drafters.suffix:build",
                   "suffix drafting: token trees of what followed the longest match in this and earlier requests")
 DRAFTERS.register("staged", "specserve.drafters.staged:build",

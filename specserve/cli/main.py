@@ -154,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--prompts", type=positive_int, default=12, help="HumanEval prompts")
     st.add_argument("--first", type=int, default=12, help="the first HumanEval problem")
     st.add_argument("--max-tokens", type=positive_int, default=128)
+    st.add_argument("--threshold-table", action=argparse.BooleanOptionalAction, default=True,
+                    help="the survey's threshold-decoding table (threshold vs fixed k = 1, 8, 16 on its three prompts)")
+    st.add_argument("--threshold-repeats", type=positive_int, default=3, help="runs per prompt and setting (the best counts)")
     st.add_argument("--out", default="bench/results")
     add_model_args(st)
 

@@ -1,4 +1,4 @@
-"""Prompt lookup first, a draft model elsewhere.
+"""Free drafts first (prompt lookup, or suffix drafting), a draft model elsewhere.
 
 Where a sequence repeats itself (code re-using its own names and lines, quoted context) prompt
 lookup drafts for free and is accepted more often than the small draft model (on HumanEval with the
@@ -7,6 +7,8 @@ the draft model proposes. Lookup here wants a match of at least 2 tokens: a one-
 evidence, and the draft model does better there (batch 1: 2.47 vs 2.29 tokens per target step).
 The model drafter still observes every step, so its state stays in line
 with the target's and it picks up where lookup left off (with a catch-up pass over what it missed).
+"suffix+draft" puts suffix drafting (drafters/suffix.py) in lookup's place: matches in earlier
+requests' outputs too, and token trees where the continuations branch.
 """
 from __future__ import annotations
 
@@ -20,18 +22,24 @@ from .prompt_lookup import PromptLookupDrafter
 
 def build(spec, ctx: DrafterContext) -> Drafter:
     from . import draft_model
-    return LookupFirstDrafter(PromptLookupDrafter(spec.lookup_max_ngram, min_ngram=2), draft_model.build(spec, ctx))
+    return FreeFirstDrafter(PromptLookupDrafter(spec.lookup_max_ngram, min_ngram=2), draft_model.build(spec, ctx))
 
 
-class LookupFirstDrafter(Drafter):
-    def __init__(self, lookup: PromptLookupDrafter, model: Drafter):
-        self.lookup, self.model = lookup, model
+def build_suffix(spec, ctx: DrafterContext) -> Drafter:
+    from . import draft_model
+    from .suffix import SuffixDrafter
+    return FreeFirstDrafter(SuffixDrafter(max_nodes=spec.tree_max_nodes), draft_model.build(spec, ctx))
+
+
+class FreeFirstDrafter(Drafter):
+    def __init__(self, free: Drafter, model: Drafter):
+        self.free, self.model = free, model
         self.wants_hidden_states = model.wants_hidden_states
         self.makes_trees = model.makes_trees
 
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
                 tree=None) -> Proposal:
-        drafts = self.lookup.propose(requests, max_len, min_confidence).drafts
+        drafts = self.free.propose(requests, max_len, min_confidence).drafts
         missing = [i for i, d in enumerate(drafts) if not d.tokens]
         if not missing:
             return Proposal(drafts)
@@ -41,14 +49,14 @@ class LookupFirstDrafter(Drafter):
         return replace(model, drafts=drafts)  # what it cost is the model's part
 
     def propose_free(self, requests: list[Request], max_len: int) -> Optional[Proposal]:
-        return self.lookup.propose(requests, max_len)
+        return self.free.propose(requests, max_len)
 
     def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:
-        self.lookup.observe(request, start, hidden, num_accepted)  # counts its copies' acceptance
+        self.free.observe(request, start, hidden, num_accepted)  # counts its copies' acceptance
         self.model.observe(request, start, hidden, num_accepted)
 
     def release(self, request: Request) -> None:
-        self.lookup.release(request)
+        self.free.release(request)
         self.model.release(request)
 
     def fork(self, parent: Request, child: Request) -> None:

@@ -171,6 +171,24 @@ def test_bench_spec_writes_tables_json_and_plot(tmp_path):
     assert all(t["rd"]["all_ms"] > 0 and t["spec"]["all_ms"] > 0 for t in rows)
     assert res["hardware"]["floor_ms_per_token"] > 0
     assert list(tmp_path.glob("spec-cpu-*.md")) and list(tmp_path.glob("spec-cpu-*.png"))
+    [page] = list(tmp_path.glob("spec-cpu-*-origins.html"))
+    assert "HumanEval/12" in page.read_text() and 'class="o-target"' in page.read_text()
+
+
+def test_bench_staged_writes_the_papers_tables(tmp_path):
+    import json
+    r = run("bench", "staged", "--prompts", "1", "--max-tokens", "10", "--threshold-repeats", "1", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    [js] = list(tmp_path.glob("staged-*.json"))
+    res = json.loads(js.read_text())
+    greedy = res["settings"]["greedy"]
+    assert list(greedy) == ["regular", "speculative", "staged, 2 levels", "staged, 3 levels"]
+    assert all(row["identical_to_regular"] for row in greedy.values())
+    assert [s["pair"] for s in greedy["staged, 3 levels"]["stages"]] == \
+        ["target <- target", "target <- target", "target <- lookup"]
+    assert all(row["traffic_per_token"] > 0 for row in greedy.values())
+    assert set(res["threshold"]) == {"What is a tensor in machine learning?", "Index: A B C", "The digits of Pi are 3.14159"}
+    assert list(tmp_path.glob("staged-*.md")) and list(tmp_path.glob("staged-*.png"))
 
 
 def test_bench_spec_shapes_part_compares_chains_trees_and_auto_beyond_code(tmp_path):

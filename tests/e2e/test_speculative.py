@@ -35,6 +35,7 @@ CONFIGS = {
     "ngram-bass-pad": dict(method="ngram", policy="bass", attention="pad"),
     "suffix-bass": dict(method="suffix", policy="bass"),
     "suffix-fixed-pad": dict(method="suffix", policy="fixed", draft_len=6, attention="pad"),
+    "suffix+draft-tree": dict(method="suffix+draft", policy="bass", shape="tree"),
     # staged drafting: the target as a standalone draft model (the only one with this tokenizer here),
     # itself drafted for by lookup / by a second copy drafted for by the n-gram model
     "staged-target-lookup": dict(method="staged", stages=["target", "lookup"], policy="fixed", draft_len=4),
@@ -43,7 +44,7 @@ CONFIGS = {
 
 
 ORIGINS = {"draft": {"draft"}, "lookup": {"lookup"}, "ngram": {"ngram"}, "lookup+draft": {"lookup", "draft"},
-           "staged": {"draft"}, "suffix": {"suffix"}}
+           "staged": {"draft"}, "suffix": {"suffix"}, "suffix+draft": {"suffix", "draft"}}
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
