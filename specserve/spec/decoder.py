@@ -388,6 +388,8 @@ class SpeculativeDecoder:
         if not self.stats.spec_steps:
             return {}
         report = self.drafter.report()
+        extra = {"drafter": {k: v for k, v in report.items() if k not in ("stages", "models")}} \
+            if set(report) - {"stages", "models"} else {}
         stages = report.get("stages") or []
         s, t_target = self.stats, self.costs.step_seconds(1)
         top = stages[0]["pass_seconds"] / t_target if stages and stages[0]["pass_seconds"] and t_target else \
@@ -401,11 +403,11 @@ class SpeculativeDecoder:
             or report.get("models", [])  # the draft models run, and how often
         known = all(p[x] is not None for p in pairs for x in ("alpha", "c", "k"))
         if not known:
-            return {"stages": pairs, "stage_models": models}
+            return {"stages": pairs, "stage_models": models, **extra}
         levels = [Level(p["alpha"], p["c"], p["k"]) for p in pairs]
         out = {"stages": pairs, "stage_models": models, "predicted_gain": chain_gain(levels),  # the formula as published
                "stage_pass_seconds": stages[0]["pass_seconds"] if stages else None,
-               "predicted_gain_without_staging": chain_gain(levels[:1])}
+               "predicted_gain_without_staging": chain_gain(levels[:1]), **extra}
         # the same with the target's verify pass priced on its measured step-time curve (k + 1 rows)
         curve = self.costs.step_curve(1, 1 + round(pairs[0]["k"]), 1)
         if curve is not None and all(t is not None for t in curve):

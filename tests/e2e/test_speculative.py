@@ -36,6 +36,7 @@ CONFIGS = {
     "suffix-bass": dict(method="suffix", policy="bass"),
     "suffix-fixed-pad": dict(method="suffix", policy="fixed", draft_len=6, attention="pad"),
     "suffix+draft-tree": dict(method="suffix+draft", policy="bass", shape="tree"),
+    "auto-bass": dict(method="auto", policy="bass"),
     # staged drafting: the target as a standalone draft model (the only one with this tokenizer here),
     # itself drafted for by lookup / by a second copy drafted for by the n-gram model
     "staged-target-lookup": dict(method="staged", stages=["target", "lookup"], policy="fixed", draft_len=4),
@@ -44,7 +45,8 @@ CONFIGS = {
 
 
 ORIGINS = {"draft": {"draft"}, "lookup": {"lookup"}, "ngram": {"ngram"}, "lookup+draft": {"lookup", "draft"},
-           "staged": {"draft"}, "suffix": {"suffix"}, "suffix+draft": {"suffix", "draft"}}
+           "staged": {"draft"}, "suffix": {"suffix"}, "suffix+draft": {"suffix", "draft"},
+           "auto": {"lookup", "suffix", "draft"}}
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

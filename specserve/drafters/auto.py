@@ -1,0 +1,101 @@
+"""Per sequence and step, the draft expected to give the most tokens: the free drafters' (prompt
+lookup, suffix drafting) or the draft model's.
+
+A free draft's expected accepted tokens are the sum of its tokens' cumulative confidences (each
+drafter measures its own: lookup by n-gram length, suffix by how often continuations went that way);
+the draft model's, before it runs, sum_j a^j over the draft length, where a is the per-token acceptance
+its drafts have been measured at (a prior of 0.6, then what was verified, decayed). The model runs only
+for the sequences whose best free draft promises less, so steps where every sequence repeats itself
+need no model pass at all. Whether drafting pays at all, and chains or trees, stays the cost model's
+call (spec/decoder.py), from what the steps yield per second.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from ..types import Draft, Request
+from .base import Drafter, DrafterContext, Proposal
+
+PRIOR_ALPHA, PRIOR_WEIGHT, DECAY = 0.6, 10.0, 0.995
+
+
+def build(spec, ctx: DrafterContext) -> Drafter:
+    from . import draft_model
+    from .prompt_lookup import PromptLookupDrafter
+    from .suffix import SuffixDrafter
+    free = [PromptLookupDrafter(spec.lookup_max_ngram, min_ngram=2), SuffixDrafter(max_nodes=spec.tree_max_nodes)]
+    return AutoDrafter(free, draft_model.build(spec, ctx))
+
+
+def expected_tokens(d: Draft) -> float:
+    """Accepted tokens a draft is expected to give: its tokens' cumulative confidences, summed (a
+    tree's nodes too: each is accepted with its path's chance)."""
+    return sum(d.cumulative())
+
+
+class AutoDrafter(Drafter):
+    def __init__(self, free: list[Drafter], model: Drafter):
+        self.free, self.model = free, model
+        self.wants_hidden_states = model.wants_hidden_states
+        self.makes_trees = model.makes_trees
+        self.counts = [PRIOR_WEIGHT * PRIOR_ALPHA, PRIOR_WEIGHT]  # model drafts: [accepted, accepted + rejections]
+        self.from_model: dict[str, int] = {}  # rid -> verify steps before its model draft
+        self.chosen = {"model": 0, "free": 0}  # drafts handed out by kind (for spec_stats)
+
+    @property
+    def model_alpha(self) -> float:
+        return self.counts[0] / self.counts[1]
+
+    def _best_free(self, requests: list[Request], max_len: int, min_confidence: Optional[float]) -> list[Draft]:
+        best = [Draft() for _ in requests]
+        for drafter in self.free:
+            for i, d in enumerate(drafter.propose(requests, max_len, min_confidence).drafts):
+                if d.tokens and expected_tokens(d) > expected_tokens(best[i]):
+                    best[i] = d
+        return best
+
+    def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
+                tree=None) -> Proposal:
+        drafts = self._best_free(requests, max_len, min_confidence)
+        a = self.model_alpha
+        model_expects = sum(a ** j for j in range(1, max_len + 1))
+        need = [i for i, d in enumerate(drafts) if expected_tokens(d) < model_expects]
+        self.chosen["free"] += sum(1 for i, d in enumerate(drafts) if d.tokens and i not in need)
+        if not need:
+            return Proposal(drafts)
+        proposal = self.model.propose([requests[i] for i in need], max_len, min_confidence, tree)
+        for i, d in zip(need, proposal.drafts):
+            if d.tokens or not drafts[i].tokens:
+                drafts[i] = d
+                self.chosen["model"] += bool(d.tokens)
+                self.from_model[requests[i].request_id] = len(requests[i].spec_drafted)
+        return replace(proposal, drafts=drafts)  # what it cost is the model's part
+
+    def propose_free(self, requests: list[Request], max_len: int) -> Optional[Proposal]:
+        return Proposal(self._best_free(requests, max_len, None))
+
+    def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:
+        at = self.from_model.pop(request.request_id, None)
+        if at is not None and len(request.spec_drafted) == at + 1:  # our model draft was verified this step
+            tried, acc = request.spec_drafted[-1], request.spec_accepted[-1]
+            self.counts = [DECAY * self.counts[0] + acc, DECAY * self.counts[1] + acc + (acc < tried)]
+        for drafter in self.free:
+            drafter.observe(request, start, hidden, num_accepted)
+        self.model.observe(request, start, hidden, num_accepted)
+
+    def release(self, request: Request) -> None:
+        self.from_model.pop(request.request_id, None)
+        for drafter in self.free:
+            drafter.release(request)
+        self.model.release(request)
+
+    def fork(self, parent: Request, child: Request) -> None:
+        self.model.fork(parent, child)
+
+    def report(self) -> dict:
+        return {**self.model.report(), "chosen": dict(self.chosen), "model_alpha": self.model_alpha}
+
+    def reset_report(self) -> None:
+        self.chosen = {"model": 0, "free": 0}
+        self.model.reset_report()
