@@ -14,7 +14,6 @@ prompt lookup), llama.cpp greedy when installed. Writes JSON, markdown and a PNG
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import random
@@ -31,6 +30,7 @@ from ..types import SamplingParams
 from . import peers, spec_shapes
 from .humaneval import humaneval_problems
 from .origins_page import origins_page
+from .output import write_results
 
 SEED = 1234
 ABLATIONS = {
@@ -235,23 +235,7 @@ def run_spec_bench(args) -> dict:
 
 
 def _write(result: dict, out_dir: str, pages: Optional[dict[str, str]] = None) -> dict:
-    os.makedirs(out_dir, exist_ok=True)
-    tag = ("spec-" + result["machine"]["device"].split(":")[0] + "-" + time.strftime("%Y%m%d-%H%M%S"))
-    base = os.path.join(out_dir, tag)
-    with open(base + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    with open(base + ".md", "w") as f:
-        f.write(markdown(result))
-    try:
-        plot(result, base + ".png")
-    except ImportError:
-        pass
-    for name, page in (pages or {}).items():
-        with open(f"{base}-{name}.html", "w") as f:
-            f.write(page)
-    print(markdown(result))
-    print(f"written {base}.json / .md / .png" + "".join(f" / -{name}.html" for name in pages or {}))
-    return result
+    return write_results(result, out_dir, "spec-" + result["machine"]["device"].split(":")[0], markdown, plot, pages)
 
 
 def markdown(r: dict) -> str:

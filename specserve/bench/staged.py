@@ -11,7 +11,6 @@ in turn (so that the machine's drift hits them alike):
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -24,6 +23,7 @@ from ..engine.llm import LLM
 from ..spec.hierarchy import Level, chain_gain
 from ..types import SamplingParams
 from .humaneval import humaneval_problems
+from .output import write_results
 
 SETTINGS = {"greedy": dict(temperature=0), "top-k 50, T=1": dict(temperature=1.0, top_k=50, seed=7)}
 # The "How to make LLMs go fast" survey's threshold-decoding table: its three prompts, threshold decoding
@@ -165,19 +165,7 @@ def _predict_this_run(st: dict, t_step: float, prefill: float) -> Optional[float
 
 
 def _write(result: dict, out_dir: str) -> dict:
-    os.makedirs(out_dir, exist_ok=True)
-    base = os.path.join(out_dir, "staged-" + time.strftime("%Y%m%d-%H%M%S"))
-    with open(base + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    with open(base + ".md", "w") as f:
-        f.write(markdown(result))
-    try:
-        plot(result, base + ".png")
-    except ImportError:
-        pass
-    print(markdown(result))
-    print(f"written {base}.json / .md / .png")
-    return result
+    return write_results(result, out_dir, "staged", markdown, plot)
 
 
 def _f(x, fmt="{:.2f}") -> str:

@@ -65,8 +65,12 @@ def _model_stage(name: str, spec, ctx: DrafterContext) -> DraftModelDrafter:
     if name in FREE_STAGES:
         raise ValueError(f"stage {name!r} has no model to run a proposal through: only the last stage may be "
                          f"{' or '.join(FREE_STAGES)}")
-    path = ctx.target_path if name == "target" else (spec.draft_model or default_draft_path(ctx.target_path)) \
-        if name == "draft" else name
+    if name == "target":
+        path = ctx.target_path
+    elif name == "draft":
+        path = spec.draft_model or default_draft_path(ctx.target_path)
+    else:
+        path = name
     if not os.path.exists(path):
         raise ValueError(f"stage {name!r}: no such model file or directory (a stage is one of "
                          f"{', '.join(MODEL_STAGES + FREE_STAGES)}, or a model path)")

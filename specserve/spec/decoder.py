@@ -17,7 +17,7 @@ Each step, for the requests that are decoding:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -28,7 +28,7 @@ from ..sampling.sampler import warp_logits
 from ..sampling.tree import children_table, verify_tree, verify_tree_greedy
 from ..types import Draft, Request, RequestStatus, TokenOrigin
 from .cost_model import DRAFT_COST_GUESS, CostModel
-from .hierarchy import Level, chain_gain
+from .hierarchy import measured_chain
 from .policies import DraftLengthPolicy
 from .selection import select_drafts
 from .stats import SpecStats
@@ -381,41 +381,11 @@ class SpeculativeDecoder:
         self.drafter.release(request)
 
     def hierarchy(self) -> dict:
-        """alpha, c (a stage's pass time over the pass time of the model above it; the target's: its
-        batch-1 step) and k (tokens proposed per round) per drafter pair, top down, measured (staged
-        drafting: one pair per stage), and the gain the MIT report's formula predicts from them
-        (spec/hierarchy.py). {} before anything was verified."""
+        """alpha, c and k per drafter pair and the gains they predict (spec/hierarchy.measured_chain);
+        {} before anything was verified."""
         if not self.stats.spec_steps:
             return {}
-        report = self.drafter.report()
-        extra = {"drafter": {k: v for k, v in report.items() if k not in ("stages", "models")}} \
-            if set(report) - {"stages", "models"} else {}
-        stages = report.get("stages") or []
-        s, t_target = self.stats, self.costs.step_seconds(1)
-        top = stages[0]["pass_seconds"] / t_target if stages and stages[0]["pass_seconds"] and t_target else \
-            None if stages else self.c
-        pairs = [{"pair": f"target <- {stages[0]['stage'] if stages else 'drafter'}", "alpha": s.alpha, "c": top,
-                  "k": s.mean_draft_len}]
-        for st in stages:
-            c = st["token_seconds"] / st["pass_seconds"] if st["token_seconds"] and st["pass_seconds"] else None
-            pairs.append({"pair": f"{st['stage']} <- {st['helper']}", "alpha": st["alpha"], "c": c, "k": st["k"]})
-        models = [{"stage": st["stage"], "passes": st["passes"], "weight_bytes": st["weight_bytes"]} for st in stages] \
-            or report.get("models", [])  # the draft models run, and how often
-        known = all(p[x] is not None for p in pairs for x in ("alpha", "c", "k"))
-        if not known:
-            return {"stages": pairs, "stage_models": models, **extra}
-        levels = [Level(p["alpha"], p["c"], p["k"]) for p in pairs]
-        out = {"stages": pairs, "stage_models": models, "predicted_gain": chain_gain(levels),  # the formula as published
-               "stage_pass_seconds": stages[0]["pass_seconds"] if stages else None,
-               "predicted_gain_without_staging": chain_gain(levels[:1]), **extra}
-        # the same with the target's verify pass priced on its measured step-time curve (k + 1 rows)
-        curve = self.costs.step_curve(1, 1 + round(pairs[0]["k"]), 1)
-        if curve is not None and all(t is not None for t in curve):
-            v = curve[-1] / curve[0]
-            out["verify_cost"] = v
-            out["predicted_gain_cpu"] = chain_gain([replace(levels[0], v=v)] + levels[1:])
-            out["predicted_gain_cpu_without_staging"] = chain_gain([replace(levels[0], v=v)])
-        return out
+        return measured_chain(self.stats, self.costs, self.drafter.report(), self.c)
 
     @property
     def c(self) -> Optional[float]:

@@ -17,8 +17,8 @@ top level's gain with that effective cost. Torch-free and exact arithmetic, unit
 brute-force simulation in tests/unit/test_hierarchy.py."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -53,3 +53,41 @@ def chain_gain(levels: Sequence[Level]) -> float:
     for lv in reversed(levels):
         speedup = gain(lv.alpha, lv.c / speedup, lv.k, lv.v)
     return speedup
+
+
+def measured_chain(stats, costs, report: dict, c_top: Optional[float]) -> dict:
+    """What speculation measured, as the formula's levels, top down: the target's pair (alpha and draft
+    length from stats: SpecStats; c: the first stage's pass over the target's batch-1 step from costs:
+    CostModel, or c_top for a drafter without stages), then one pair per stage of staged drafting
+    (drafter.report()["stages"]: a stage's alpha, k and its helper's cost per proposal over its own
+    pass); and the gains they predict: as published, and with the target's verify pass priced on its
+    measured step-time curve (`_cpu`)."""
+    stages = report.get("stages") or []
+    t_target = costs.step_seconds(1)
+    if stages:
+        top = stages[0]["pass_seconds"] / t_target if stages[0]["pass_seconds"] and t_target else None
+    else:
+        top = c_top
+    pairs = [{"pair": f"target <- {stages[0]['stage'] if stages else 'drafter'}", "alpha": stats.alpha, "c": top,
+              "k": stats.mean_draft_len}]
+    for st in stages:
+        c = st["token_seconds"] / st["pass_seconds"] if st["token_seconds"] and st["pass_seconds"] else None
+        pairs.append({"pair": f"{st['stage']} <- {st['helper']}", "alpha": st["alpha"], "c": c, "k": st["k"]})
+    out = {"stages": pairs,
+           # the draft models run and how often (memory traffic)
+           "stage_models": [{"stage": st["stage"], "passes": st["passes"], "weight_bytes": st["weight_bytes"]}
+                            for st in stages] or report.get("models", []),
+           "stage_pass_seconds": stages[0]["pass_seconds"] if stages else None}
+    rest = {k: v for k, v in report.items() if k not in ("stages", "models")}
+    if rest:  # what else the drafter reports (the automatic drafter: its choices)
+        out["drafter"] = rest
+    if not all(p[x] is not None for p in pairs for x in ("alpha", "c", "k")):
+        return out
+    levels = [Level(p["alpha"], p["c"], p["k"]) for p in pairs]
+    out.update(predicted_gain=chain_gain(levels), predicted_gain_without_staging=chain_gain(levels[:1]))
+    curve = costs.step_curve(1, 1 + round(pairs[0]["k"]), 1)
+    if curve is not None and all(t is not None for t in curve):
+        cpu = replace(levels[0], v=curve[-1] / curve[0])
+        out.update(verify_cost=cpu.v, predicted_gain_cpu=chain_gain([cpu] + levels[1:]),
+                   predicted_gain_cpu_without_staging=chain_gain([cpu]))
+    return out
