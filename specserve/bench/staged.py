@@ -152,13 +152,10 @@ def _predict_this_run(st: dict, t_step: float, prefill: float) -> Optional[float
     stages, models = st.get("stages") or [], st.get("stage_models") or []
     if not stages or not models or not st["spec_steps"] or any(p[x] is None for p in stages for x in ("alpha", "c", "k")):
         return None
-    passes = models[0]["passes"]
-    draft_seconds = st["draft_seconds"] if len(stages) == 1 else None
-    if draft_seconds is None:  # staged: the drafter's own timing of its model's passes (batch 1)
-        top = st.get("stage_pass_seconds")
-        c = top / t_step if top else stages[0]["c"]
-    else:
-        c = draft_seconds / max(passes, 1) / t_step
+    # staged: the drafter's own timing of its model's passes (batch 1); a plain draft model: all of its
+    # drafting time over its passes
+    per_pass = st.get("stage_pass_seconds") or st["draft_seconds"] / max(models[0]["passes"], 1)
+    c = per_pass / t_step
     v = max(st["target_seconds"] - prefill, 0.0) / st["spec_steps"] / t_step
     levels = [Level(stages[0]["alpha"], c, stages[0]["k"], v)] + [Level(p["alpha"], p["c"], p["k"]) for p in stages[1:]]
     return chain_gain(levels)

@@ -116,7 +116,7 @@ class StagedDrafter(Drafter):
         mine = {"stage": self.names[0], "helper": self.names[1], "alpha": alpha,
                 "k": self.proposed / self.passes if self.passes else None,
                 "passes": self.passes + self.calls,  # every pass of this stage's model, catch-ups included
-                "helper_proposals": self.proposed, "weight_bytes": self.model.model.weight_bytes,
+                "weight_bytes": self.model.model.weight_bytes,
                 "pass_seconds": self.pass_seconds / self.passes_b1 if self.passes_b1 else None,
                 "token_seconds": per_token}
         return {"stages": [mine] + lower}
