@@ -60,9 +60,11 @@ class SchedulerConfig:
             _check_int("max_model_len", self.max_model_len, 2)
 
 
-def _check_int(name: str, value, lowest: int) -> None:
+def _check_int(name: str, value, lowest: int, highest: Optional[int] = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
         raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+    if highest is not None and value > highest:
+        raise ValueError(f"{name} must be at most {highest}, got {value!r}")
 
 
 @dataclass
@@ -88,6 +90,11 @@ class SpeculativeConfig:
     stages: tuple = ("draft", "ngram")
     # Token trees (drafters that make them: the EAGLE draft): a name in registry.SHAPES, and the tree's
     # width (drafters.TreeShape): top-k children per expanded node, nodes expanded per level, nodes kept.
+    # lookahead decoding (drafters/lookahead.py): the Jacobi window's width W, the n-gram size N (N - 1
+    # levels of W guesses) and at most G pool n-grams verified per step
+    lookahead_window: int = 4
+    lookahead_ngram: int = 3
+    lookahead_guesses: int = 4
     shape: str = "chain"
     tree_top_k: int = 4
     tree_beam: int = 4
@@ -113,6 +120,10 @@ class SpeculativeConfig:
                 raise ValueError(f"draft_len must be 'auto' or an integer >= 1, got {self.draft_len!r}")
             self.draft_len = k
         _check_int("lookup_max_ngram", self.lookup_max_ngram, 1)
+        # bounds that keep the lookahead tree inside the verifier's (spec/decoder.py: depth 32, width 16)
+        _check_int("lookahead_window", self.lookahead_window, 1, 16)
+        _check_int("lookahead_ngram", self.lookahead_ngram, 2, 8)
+        _check_int("lookahead_guesses", self.lookahead_guesses, 0, 14)
         if isinstance(self.stages, str):
             self.stages = tuple(s.strip() for s in self.stages.split(","))
         if not isinstance(self.stages, (list, tuple)) or len(self.stages) < 2 or \

@@ -19,6 +19,7 @@ STYLE = {
     TokenOrigin.LOOKUP: ("\033[32m", "#cdf5d3"),  # green
     TokenOrigin.NGRAM: ("\033[35m", "#f1d6f7"),  # magenta
     TokenOrigin.SUFFIX: ("\033[33m", "#fbeec2"),  # yellow
+    TokenOrigin.LOOKAHEAD: ("\033[36m", "#c9f1f4"),  # cyan
 }
 RESET = "\033[0m"
 

@@ -73,6 +73,8 @@ DRAFTERS.register("suffix+draft", "specserve.drafters.lookup_first:build_suffix"
                   "suffix drafting where this or an earlier request's text matches, the draft model elsewhere")
 DRAFTERS.register("suffix", "specserve.drafters.suffix:build",
                   "suffix drafting: token trees of what followed the longest match in this and earlier requests")
+DRAFTERS.register("lookahead", "specserve.drafters.lookahead:build",
+                  "lookahead decoding: the target's own Jacobi iterations over a window of guesses feed an n-gram pool")
 DRAFTERS.register("auto", "specserve.drafters.auto:build",
                   "per sequence the draft expected to give the most tokens: prompt lookup, suffix drafting or the draft model")
 DRAFTERS.register("staged", "specserve.drafters.staged:build",

@@ -123,6 +123,7 @@ class TokenOrigin(str, enum.Enum):
     LOOKUP = "lookup"  # prompt lookup: copied from the sequence's own tokens
     NGRAM = "ngram"  # the Katz back-off n-gram model
     SUFFIX = "suffix"  # suffix drafting: what followed the longest match in this and earlier requests
+    LOOKAHEAD = "lookahead"  # lookahead decoding: an n-gram from the target's own Jacobi iterations
 
 
 @dataclass

@@ -47,6 +47,14 @@ def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     p.add_argument("--stages", default=",".join(SpeculativeConfig.stages),
                    help="the staged method's levels, top down: draft (--draft-model), target, or a model path; the last "
                         "may be ngram or lookup")
+    p.add_argument("--lookup-max-ngram", type=int, default=SpeculativeConfig.lookup_max_ngram,
+                   help="the longest suffix n-gram prompt lookup matches")
+    p.add_argument("--lookahead-window", type=int, default=SpeculativeConfig.lookahead_window,
+                   help="the lookahead method's Jacobi window W")
+    p.add_argument("--lookahead-ngram", type=int, default=SpeculativeConfig.lookahead_ngram,
+                   help="the lookahead method's n-gram size N (N - 1 levels of guesses)")
+    p.add_argument("--lookahead-guesses", type=int, default=SpeculativeConfig.lookahead_guesses,
+                   help="the lookahead method's pool n-grams verified per step, G")
     p.add_argument("--draft-len", default="auto", help="auto, or K: fixed k / BASS l0 / threshold limit")
     p.add_argument("--policy", choices=POLICIES.names(), default="bass", help="draft-length policy")
     p.add_argument("--attention", choices=ATTENTION.names(), default="auto",
@@ -65,7 +73,9 @@ def spec_from_args(args):
         return None
     spec = {"method": args.speculative, "draft_len": args.draft_len, "policy": args.policy, "attention": args.attention,
             "fallback": args.fallback, "shape": args.shape, "tree_top_k": args.tree_top_k, "tree_beam": args.tree_beam,
-            "tree_max_nodes": args.tree_max_nodes, "stages": args.stages}
+            "tree_max_nodes": args.tree_max_nodes, "stages": args.stages, "lookahead_window": args.lookahead_window,
+            "lookahead_ngram": args.lookahead_ngram, "lookahead_guesses": args.lookahead_guesses,
+            "lookup_max_ngram": args.lookup_max_ngram}
     if args.draft_model:
         spec["draft_model"] = args.draft_model
     if args.ngram_model:

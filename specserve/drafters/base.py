@@ -13,6 +13,8 @@ The engine, each step:
      (prefill chunks and plain decode steps too): the target's last hidden states of the rows that
      stayed valid ([rows, hidden], first row at position `start`; only for drafters that want them),
      and how many drafts were accepted. The drafter rolls its own state back to match.
+     Drafters that `wants_span_argmax` (lookahead decoding) first get `observe_span`: the target's
+     greedy token after every row of the verified span, rejected rows too, and the accepted path.
   4. `release(request)` when a request finishes or is preempted; `fork(parent, child)` when an n > 1
      sample starts from its leader's prompt.
 """
@@ -68,6 +70,7 @@ class DrafterContext:
 class Drafter:
     wants_hidden_states = False  # True: observe() gets the target's last hidden states
     makes_trees = False  # True: propose() takes a TreeShape
+    wants_span_argmax = False  # True: observe_span() after each verification
 
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
                 tree: Optional[TreeShape] = None) -> Proposal:
@@ -84,6 +87,11 @@ class Drafter:
 
     def observe(self, request: Request, start: int, hidden: Optional[torch.Tensor], num_accepted: int) -> None:
         pass
+
+    def observe_span(self, request: Request, draft: Draft, argmax: list[int], path: list[int]) -> None:
+        """request's verified draft (as verified: after the engine's selection), the target's greedy
+        token after each of its span's rows (argmax[0]: after the last known token; argmax[j + 1]:
+        after draft token j and its ancestors) and the accepted draft indices, root first."""
 
     def release(self, request: Request) -> None:
         pass

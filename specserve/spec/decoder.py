@@ -35,6 +35,9 @@ from .stats import SpecStats
 
 AUTO_SHAPES = ("chain", "tree")  # what shape "auto" chooses among (registry.SHAPES)
 MAX_TREE_DEPTH = 32  # the deepest draft any policy asks for (BASS's l_limit)
+# the widest node a drafter makes (suffix drafting: 1 / MIN_PROB children; lookahead: its guesses and
+# the window's spine below the root): with the tree's top_k, the sampled verifier's uniforms grid
+MAX_TREE_WIDTH = 16
 
 
 @dataclass(frozen=True)
@@ -280,6 +283,9 @@ class SpeculativeDecoder:
                                                    [generators[i] for i in trees], trees):
                 paths[i] = path
                 emitted[i] = [drafts[i].tokens[j] for j in path] + [nxt]
+        if self.drafter.wants_span_argmax:
+            for r, d, lg, path in zip(requests, drafts, logits, paths):
+                self.drafter.observe_span(r, d, lg.argmax(dim=-1).tolist(), path)
         accepted = [len(path) for path in paths]
         drafted = [len(d.tokens) for d in drafts]
         depths = [max(d.depths(), default=0) for d in drafts]
@@ -341,7 +347,7 @@ class SpeculativeDecoder:
                 # the uniforms' grid is fixed per request (sampling/tree.py): the deepest draft a policy
                 # asks for, the tree's width
                 paths, nxt = verify_tree(target, None, tokens.to(dev), children.to(dev), [generators[i] for i in sel],
-                                         max_depth=MAX_TREE_DEPTH, max_width=self.tree.top_k)
+                                         max_depth=MAX_TREE_DEPTH, max_width=max(self.tree.top_k, MAX_TREE_WIDTH))
             for row, i in enumerate(sel):
                 yield index[i], paths[row], int(nxt[row])
 

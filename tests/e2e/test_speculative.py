@@ -37,6 +37,11 @@ CONFIGS = {
     "suffix-fixed-pad": dict(method="suffix", policy="fixed", draft_len=6, attention="pad"),
     "suffix+draft-tree": dict(method="suffix+draft", policy="bass", shape="tree"),
     "auto-bass": dict(method="auto", policy="bass"),
+    # lookahead decoding: its window and guesses as one tree; the wide one verifies spans longer than
+    # the paged kernel takes (up to 29 rows: the SDPA tree-mask path under SPLIT, beside short spans)
+    "lookahead-bass": dict(method="lookahead", policy="bass"),
+    "lookahead-wide-split": dict(method="lookahead", attention="split", lookahead_window=6, lookahead_ngram=4,
+                                 lookahead_guesses=4),
     # staged drafting: the target as a standalone draft model (the only one with this tokenizer here),
     # itself drafted for by lookup / by a second copy drafted for by the n-gram model
     "staged-target-lookup": dict(method="staged", stages=["target", "lookup"], policy="fixed", draft_len=4),
@@ -46,7 +51,7 @@ CONFIGS = {
 
 ORIGINS = {"draft": {"draft"}, "lookup": {"lookup"}, "ngram": {"ngram"}, "lookup+draft": {"lookup", "draft"},
            "staged": {"draft"}, "suffix": {"suffix"}, "suffix+draft": {"suffix", "draft"},
-           "auto": {"lookup", "suffix", "draft"}}
+           "auto": {"lookup", "suffix", "draft"}, "lookahead": {"lookahead"}}
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -91,7 +96,8 @@ def test_draft_model_drafter_with_the_target_as_its_own_draft_accepts_everything
 
 @pytest.mark.parametrize("method, fallback, shape", [("draft", False, "chain"), ("lookup", False, "chain"),
                                                      ("lookup+draft", False, "chain"), ("draft", True, "chain"),
-                                                     ("draft", False, "tree"), ("ngram", False, "chain")])
+                                                     ("draft", False, "tree"), ("ngram", False, "chain"),
+                                                     ("lookahead", False, "chain")])
 # (lookup+draft mixes q = one-hot and q = probs)
 def test_seeded_sampling_repeats(method, fallback, shape):
     """Same seed, same output, whatever the batch; with the cost-model fallback on too (a seeded
