@@ -20,6 +20,7 @@ STYLE = {
     TokenOrigin.NGRAM: ("\033[35m", "#f1d6f7"),  # magenta
     TokenOrigin.SUFFIX: ("\033[33m", "#fbeec2"),  # yellow
     TokenOrigin.LOOKAHEAD: ("\033[36m", "#c9f1f4"),  # cyan
+    TokenOrigin.GRAMMAR: ("\033[2m", "#e4e4e4"),  # dim / grey: forced by the grammar
 }
 RESET = "\033[0m"
 

@@ -120,3 +120,18 @@ ARCHITECTURES.register("qwen2", Architecture("specserve.models.llama:LlamaModel"
 def architecture_for_hf_class(hf_class: str) -> Union[str, None]:
     return next((n for n in ARCHITECTURES.names() if ARCHITECTURES.get(n).hf_class == hf_class), None)
 
+
+
+# --- guided generation -----------------------------------------------------------------------------
+# Constraint kinds a request may carry (SamplingParams.guided_*; guided/grammar.py compiles each).
+GUIDED = Registry("guided kind")
+GUIDED.register("json", "specserve.guided.grammar:json_grammar",
+                "a JSON Schema (dict or JSON text): guided_json, --json-schema FILE")
+GUIDED.register("json_object", "specserve.guided.grammar:json_object_grammar",
+                "any JSON object (the OpenAI server's response_format json_object)")
+GUIDED.register("regex", "specserve.guided.grammar:regex_grammar",
+                "a regular expression the whole output matches: guided_regex, --regex")
+GUIDED.register("choice", "specserve.guided.grammar:choice_grammar",
+                "one of a list of strings: guided_choice, --choice a,b,c")
+GUIDED.register("grammar", "specserve.guided.grammar:lark_grammar",
+                "a Lark or GBNF grammar: guided_grammar, --grammar FILE")

@@ -47,6 +47,14 @@ class SamplingParams:
     # With an engine that speculates: None lets its cost model decide; False: never draft for this
     # request (its tokens are the same either way: speculation is lossless).
     speculative: Optional[bool] = None
+    # Guided generation (at most one; specserve/guided): the output must match a JSON Schema (a dict or
+    # its JSON text), any JSON object, a regular expression, one of a list of strings, or a Lark / GBNF
+    # grammar. Tokens the constraint forces are appended without sampling (fast-forward).
+    guided_json: Union[dict, str, None] = None
+    guided_json_object: bool = False
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[Sequence[str]] = None
+    guided_grammar: Optional[str] = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -84,6 +92,35 @@ class SamplingParams:
         if not isinstance(self.logprobs, bool) and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise ValueError(f"logprobs must be True/False or an integer k in [0, {MAX_TOP_LOGPROBS}] (the k most likely "
                              f"tokens too), got {self.logprobs!r}")
+        set_ = [k for k in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+                if getattr(self, k) is not None] + (["guided_json_object"] if self.guided_json_object else [])
+        if len(set_) > 1:
+            raise ValueError(f"set at most one guided constraint, got {', '.join(set_)}")
+        if self.guided_json is not None and not isinstance(self.guided_json, (dict, str)):
+            raise ValueError(f"guided_json must be a JSON Schema (a dict or its JSON text), got {type(self.guided_json).__name__}")
+        for k in ("guided_regex", "guided_grammar"):
+            v = getattr(self, k)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ValueError(f"{k} must be a non-empty string, got {v!r}")
+        if self.guided_choice is not None and (isinstance(self.guided_choice, str) or not self.guided_choice
+                                               or not all(isinstance(c, str) and c for c in self.guided_choice)):
+            raise ValueError(f"guided_choice must be a non-empty list of non-empty strings, got {self.guided_choice!r}")
+        if not isinstance(self.guided_json_object, bool):
+            raise ValueError(f"guided_json_object must be True or False, got {self.guided_json_object!r}")
+
+    def guided(self) -> Optional[tuple[str, object]]:
+        """(kind, constraint) as registry.GUIDED names it, or None."""
+        if self.guided_json is not None:
+            return "json", self.guided_json
+        if self.guided_json_object:
+            return "json_object", None
+        if self.guided_regex is not None:
+            return "regex", self.guided_regex
+        if self.guided_choice is not None:
+            return "choice", list(self.guided_choice)
+        if self.guided_grammar is not None:
+            return "grammar", self.guided_grammar
+        return None
 
     @property
     def wants_logprobs(self) -> bool:
@@ -122,6 +159,7 @@ class TokenOrigin(str, enum.Enum):
     DRAFT = "draft"  # a draft model (the EAGLE draft, or a smaller model)
     LOOKUP = "lookup"  # prompt lookup: copied from the sequence's own tokens
     NGRAM = "ngram"  # the Katz back-off n-gram model
+    GRAMMAR = "grammar"  # guided generation: the only token the grammar allowed (fast-forward, not sampled)
     SUFFIX = "suffix"  # suffix drafting: what followed the longest match in this and earlier requests
     LOOKAHEAD = "lookahead"  # lookahead decoding: an n-gram from the target's own Jacobi iterations
 

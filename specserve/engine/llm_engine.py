@@ -19,6 +19,7 @@ from ..sampling.sampler import make_generator, sample, token_logprobs
 from ..scheduler.scheduler import ScheduledRequest, Scheduler
 from ..spec import SpeculativeDecoder, Verified, calibrate, make_policy
 from ..types import FinishReason, Request, RequestStatus, SamplingParams, TokenOrigin
+from .guided import GuidedDecoding
 from .runner import ModelRunner, StepOutput
 from .threads import ThreadGovernor
 
@@ -32,6 +33,7 @@ class _Live:
     request: Request
     generator: torch.Generator
     detok: IncrementalDetokenizer
+    guide: Optional[object] = None  # guided.Guide: where the sequence stands in its grammar
 
 
 class LLMEngine:
@@ -88,6 +90,7 @@ class LLMEngine:
             if spec_config.fallback:
                 calibrate(self.speculator.costs, self.model, self.kv, self.scheduler.blocks, attention, plain,
                           config.scheduler.max_num_batched_tokens)
+        self.guided = GuidedDecoding(self.tokenizer)
         self._ids = itertools.count()
         self._live: dict[str, _Live] = {}
         self._siblings: dict[str, list[Request]] = {}  # leader id -> siblings waiting for its prompt KV
@@ -102,7 +105,8 @@ class LLMEngine:
             seed = None if params.seed is None else params.seed + i
             r = Request(f"{group}-{i}", list(prompt_token_ids), params, seed=seed, group_id=group, sample_index=i)
             self._live[r.request_id] = _Live(r, make_generator(seed, self.device),
-                                             IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens))
+                                             IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
+                                             self.guided.guide(params))
             reqs.append(r)
         self.scheduler.add(reqs[0])
         for r in reqs[1:]:
@@ -135,6 +139,7 @@ class LLMEngine:
             raise ValueError(f"a sequence of {need} tokens (prompt {len(prompt_token_ids)} + max_tokens "
                              f"{params.max_tokens}) needs {blocks} KV blocks but the cache has {bm.num_blocks}; "
                              f"raise kv_cache_gib (now {self.config.cache.kv_cache_gib}) or lower max_tokens")
+        self.guided.guide(params)  # compiles (cached) now: a bad constraint fails here, before anything is queued
 
     def abort(self, request_ids) -> None:
         """Stop these requests wherever they are: free their KV blocks, drafter state, generators and
@@ -183,6 +188,9 @@ class LLMEngine:
         spec = self.speculator
         if spec is not None:
             spec.propose(self.scheduler.running)
+            drafted = [r for r in self.scheduler.running if r.draft is not None and self._guide(r) is not None]
+            if drafted:
+                self.guided.prune_drafts(drafted, [self._guide(r) for r in drafted])
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         if spec is not None:
@@ -198,6 +206,12 @@ class LLMEngine:
         # Requests whose step samples: one logits row each, or a verify span of 1 + k rows.
         samplers = [(s, rows) for s, rows in out if rows.logits is not None and not s.num_draft_tokens]
         verifiers = [(s, rows) for s, rows in out if s.num_draft_tokens]
+        spans = [(rows.logits.start, self._guide(s.request), s.request.draft if s.num_draft_tokens else None)
+                 for s, rows in out if rows.logits is not None and self._guide(s.request) is not None]
+        # constrained rows: the grammar's mask (an n > 1 leader's first row serves its siblings too:
+        # every guide starts at the grammar's start)
+        if spans:
+            self.guided.mask_rows(out.logits, spans)
         verified: dict[str, Verified] = {}  # by request id
         if verifiers:
             reqs = [s.request for s, _ in verifiers]
@@ -224,11 +238,30 @@ class LLMEngine:
                 if r.is_finished:
                     break
             results.append((r, delta))
+        results = [(r, delta + self._fast_forward(r, now)) for r, delta in results]
         if spec is not None:
             spec.record_step(sum(s.num_new_tokens for s in plan.scheduled), time.perf_counter() - t0, now - t0,
                              len(plan.scheduled), plain_decoding + len(verifiers),
                              plain_decoding + sum(len(v.tokens) for v in verified.values()))
         return results
+
+    def _guide(self, r: Request):
+        live = self._live.get(r.request_id)
+        return None if live is None else live.guide
+
+    def _fast_forward(self, r: Request, now: float) -> str:
+        """Append the tokens r's grammar forces from here, without sampling (their constrained probability
+        is 1; the next pass computes them as a prefill chunk). Returns their text."""
+        g = self._guide(r)
+        if g is None or r.is_finished:
+            return ""
+        delta = ""
+        for tok in g.forced():
+            delta += self._append(r, tok, (0.0, {tok: 0.0}), now, TokenOrigin.GRAMMAR)
+            self.guided.forced_tokens += 1
+            if r.is_finished:
+                break
+        return delta
 
     def _observe(self, out: StepOutput, verified: dict[str, Verified]) -> None:
         """Tell the drafter which of the target's rows stayed valid (with their hidden states)."""
@@ -274,6 +307,9 @@ class LLMEngine:
         origin: who proposed the token (an accepted draft's drafter, else the target)."""
         r.output_token_ids.append(token)
         r.output_origins.append(origin)
+        guide = self._guide(r)
+        if guide is not None and not guide.accept([token]):  # the masks make this impossible
+            raise RuntimeError(f"request {r.request_id}: the grammar refused token {token}: {guide.error}")
         if logprob is not None and r.params.wants_logprobs:
             r.output_logprobs.append(logprob[0])
             if r.params.num_top_logprobs:
@@ -300,6 +336,8 @@ class LLMEngine:
                     break
             if finish is None and (len(r.output_token_ids) >= p.max_tokens or r.num_tokens >= self.max_model_len):
                 finish = FinishReason.LENGTH
+            elif finish is None and guide is not None and guide.done:  # the grammar is complete: only EOS may follow
+                finish, r.stop_reason = FinishReason.STOP, None
         if finish is not None:
             r.finish_reason = finish
             r.finish_time = now

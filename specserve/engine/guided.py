@@ -1,0 +1,119 @@
+"""Guided generation inside the step loop (the engine's side; grammars in specserve/guided):
+
+  1. adding a request compiles its constraint (cached) and gives each of its samples a Guide; a
+     malformed or unsatisfiable constraint is a one-line ValueError then, never a hang later;
+  2. after drafting, each constrained sequence's draft is cut where the grammar refuses a token
+     (`prune_drafts`): a chain at its first refused token, a tree's refused nodes with their subtrees;
+  3. after the target pass, every logits row of a constrained sequence is masked to what its grammar
+     allows at that row (`mask_rows`): one row on a plain step, and along the draft in a verify span,
+     so the verifier (greedy, or rejection sampling against the draft's q) works on the constrained
+     distribution, and the output is distributed as constrained sampling without speculation;
+  4. each emitted token advances the Guide (`LLMEngine._append`), and afterwards the tokens the grammar
+     forces (`forced`: the rest of a key, a closing brace, the one remaining choice) are appended
+     without sampling (their constrained probability is 1) and computed in the next pass as a prefill
+     chunk: fast-forward.
+
+Why a refused token of a sampled draft with its own q stays in the span (as a sure rejection): the
+verifier's draw after a rejection comes from the residual max(p - q, 0), not from p. Cutting the draft
+before the refused token would draw from p at that position and bias the output towards what q
+rarely proposes. Kept, the token is rejected (p = 0 there after masking) and the draw is from the
+residual, as it must be. Deterministic drafts (q = one-hot) and greedy requests just drop it (the
+residual of a one-hot q at a token p gives 0 to is p itself)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..guided import GrammarCompiler, Guide
+from ..sampling.guided import allow_all, apply_bitmask
+from ..types import Request, SamplingParams
+
+
+class GuidedDecoding:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._compiler: Optional[GrammarCompiler] = None  # built on the first guided request
+        self.forced_tokens = 0  # fast-forwarded tokens, for stats
+
+    @property
+    def compiler(self) -> GrammarCompiler:
+        if self._compiler is None:
+            try:
+                import llguidance  # noqa: F401
+            except ImportError:
+                raise ValueError("guided generation needs llguidance: pip install llguidance") from None
+            self._compiler = GrammarCompiler(self.tokenizer)
+        return self._compiler
+
+    def guide(self, params: SamplingParams) -> Optional[Guide]:
+        """A fresh Guide for one sample of a request (None: unconstrained); ValueError if the constraint
+        cannot be compiled."""
+        g = params.guided()
+        return None if g is None else self.compiler.guide(*g)
+
+    # --- drafts --------------------------------------------------------------------------------
+    @staticmethod
+    def prune_drafts(requests: list[Request], guides: list[Guide]) -> None:
+        """Cut each request's draft to what its grammar allows (request.draft is replaced)."""
+        for r, g in zip(requests, guides):
+            d = r.draft
+            if d is None or not d.tokens:
+                continue
+            if not d.is_tree:
+                n = g.valid_prefix(d.tokens)
+                if n == len(d.tokens):
+                    continue
+                # a sampled draft with its own q keeps its refused token as a sure rejection (module doc)
+                keep = n + 1 if d.probs is not None and not r.params.greedy else n
+            else:
+                parents, ok = d.parent_list(), []
+                for j in range(len(d.tokens)):
+                    if parents[j] < 0 or ok[parents[j]]:
+                        path = _path(d.tokens, parents, j)
+                        ok.append(g.valid_prefix(path) == len(path))
+                    else:
+                        ok.append(False)
+                keep = [j for j, good in enumerate(ok) if good]
+                if len(keep) == len(d.tokens):
+                    continue
+            keep = list(range(keep)) if isinstance(keep, int) else keep
+            r.draft = d.subset(keep) if keep else None
+
+    # --- logits --------------------------------------------------------------------------------
+    @staticmethod
+    def mask_rows(logits: torch.Tensor, spans: list[tuple[int, Guide, Optional[object]]]) -> None:
+        """In place, logits [R, V]. spans: (first row, guide, the draft verified there or None): row
+        first + 0 gets the guide's current mask, and draft token j's row (first + j + 1) the mask after
+        the tokens from the root down to j, where the grammar allows them (else it stays open: the
+        verifier never reads past a sure rejection)."""
+        rows, fills = [], []
+        for first, g, d in spans:
+            rows.append(first)
+            fills.append((g, []))
+            if d is None:
+                continue
+            parents = d.parent_list()
+            for j in range(len(d.tokens)):
+                rows.append(first + j + 1)
+                path = _path(d.tokens, parents, j)
+                fills.append((g, path if g.valid_prefix(path) == len(path) else None))
+        if not rows:
+            return
+        bitmask = allow_all(len(rows), spans[0][1].vocab_size)
+        for i, (g, path) in enumerate(fills):
+            if path is None:
+                continue
+            if path and not g.accept(path):
+                raise RuntimeError(f"grammar refused a checked draft: {g.error}")
+            g.fill_mask(bitmask, i)
+            g.rollback(len(path))
+        apply_bitmask(logits, rows, bitmask)
+
+
+def _path(tokens: list[int], parents: list[int], j: int) -> list[int]:
+    out = []
+    while j >= 0:
+        out.append(tokens[j])
+        j = parents[j]
+    return out[::-1]
