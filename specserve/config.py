@@ -149,8 +149,22 @@ class SpeculativeConfig:
 
 
 @dataclass
+class GuidedConfig:
+    """Guided generation (SamplingParams.guided_*)."""
+
+    # append the tokens a grammar forces without sampling them, computed in the next pass as a prefill
+    # chunk (the same tokens sampling would give: their constrained probability is 1)
+    fast_forward: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.fast_forward, bool):
+            raise ValueError(f"guided_fast_forward must be True or False, got {self.fast_forward!r}")
+
+
+@dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: Optional[SpeculativeConfig] = None
+    guided: GuidedConfig = field(default_factory=GuidedConfig)

@@ -31,8 +31,8 @@ from ..types import Request, SamplingParams
 
 
 class GuidedDecoding:
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, fast_forward: bool = True):
+        self.tokenizer, self.fast_forward = tokenizer, fast_forward
         self._compiler: Optional[GrammarCompiler] = None  # built on the first guided request
         self.forced_tokens = 0  # fast-forwarded tokens, for stats
 

@@ -6,7 +6,7 @@ from typing import Callable, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
-from ..config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from ..config import CacheConfig, EngineConfig, GuidedConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from ..types import CompletionOutput, Request, RequestOutput, SamplingParams
 from .llm_engine import LLMEngine
 
@@ -25,12 +25,15 @@ class LLM:
         "policy": "bass" | "fixed" | "threshold", "attention": "split" | "pad", "draft_model": PATH}
         (see SpeculativeConfig). The output is the same as without it: greedy token for token, sampling
         in distribution.
+    guided_fast_forward: append the tokens a request's grammar forces without sampling (SamplingParams
+        guided_json / guided_regex / guided_choice / guided_grammar; the same output either way).
     """
 
     def __init__(self, model: Optional[str] = None, dtype: str = "auto", device: str = "cpu",
                  block_kernels: bool = True, num_threads: Optional[int] = None, kv_cache_gib: float = 1.0,
                  block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
-                 max_model_len: Optional[int] = None, speculative: Union[dict, str, SpeculativeConfig, None] = None):
+                 max_model_len: Optional[int] = None, speculative: Union[dict, str, SpeculativeConfig, None] = None,
+                 guided_fast_forward: bool = True):
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, device=device, block_kernels=block_kernels,
                               num_threads=num_threads),
@@ -38,6 +41,7 @@ class LLM:
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len),
             speculative=SpeculativeConfig.from_any(speculative),
+            guided=GuidedConfig(fast_forward=guided_fast_forward),
         )
         self.engine = LLMEngine(self.config)
         self.tokenizer = self.engine.tokenizer

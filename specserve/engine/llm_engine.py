@@ -90,7 +90,7 @@ class LLMEngine:
             if spec_config.fallback:
                 calibrate(self.speculator.costs, self.model, self.kv, self.scheduler.blocks, attention, plain,
                           config.scheduler.max_num_batched_tokens)
-        self.guided = GuidedDecoding(self.tokenizer)
+        self.guided = GuidedDecoding(self.tokenizer, config.guided.fast_forward)
         self._ids = itertools.count()
         self._live: dict[str, _Live] = {}
         self._siblings: dict[str, list[Request]] = {}  # leader id -> siblings waiting for its prompt KV
@@ -253,7 +253,7 @@ class LLMEngine:
         """Append the tokens r's grammar forces from here, without sampling (their constrained probability
         is 1; the next pass computes them as a prefill chunk). Returns their text."""
         g = self._guide(r)
-        if g is None or r.is_finished:
+        if g is None or r.is_finished or not self.guided.fast_forward:
             return ""
         delta = ""
         for tok in g.forced():
