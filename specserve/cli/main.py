@@ -101,7 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     g.add_argument("--show-origins", action="store_true",
                    help="print the answer coloured by who proposed each token (the target, the draft model, lookup, "
-                        "n-gram) once it is done, instead of streaming it")
+                        "n-gram, grammar) once it is done, instead of streaming it")
+    guided = g.add_mutually_exclusive_group()
+    guided.add_argument("--json-schema", metavar="FILE", default=None, help="the output is JSON valid against this schema")
+    guided.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    guided.add_argument("--regex", default=None, help="the output matches this regular expression")
+    guided.add_argument("--choice", default=None, help="the output is one of these comma-separated strings")
+    guided.add_argument("--grammar", metavar="FILE", default=None, help="the output follows this Lark or GBNF grammar")
+    g.add_argument("--no-fast-forward", dest="fast_forward", action="store_false",
+                   help="sample the tokens a grammar forces instead of appending them (same output, slower)")
     add_model_args(g)
     add_spec_args(g)
 
@@ -211,14 +219,39 @@ def cmd_build_ngram(args) -> int:
     return 0
 
 
+def guided_from_args(args) -> dict:
+    """SamplingParams' guided_* fields from --json-schema FILE / --json-object / --regex / --choice /
+    --grammar FILE (one at most: argparse's mutually exclusive group)."""
+    if args.json_schema:
+        return {"guided_json": _read(args.json_schema)}
+    if args.json_object:
+        return {"guided_json_object": True}
+    if args.regex:
+        return {"guided_regex": args.regex}
+    if args.choice:
+        return {"guided_choice": [c.strip() for c in args.choice.split(",") if c.strip()]}
+    if args.grammar:
+        return {"guided_grammar": _read(args.grammar)}
+    return {}
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror}") from None
+
+
 def cmd_generate(args) -> int:
     from ..engine.llm import LLM
     from ..types import SamplingParams
 
     params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+                            max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
+                            **guided_from_args(args))
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-              kv_cache_gib=args.kv_cache_gib, speculative=spec_from_args(args))
+              kv_cache_gib=args.kv_cache_gib, speculative=spec_from_args(args), guided_fast_forward=args.fast_forward)
     pieces: dict[int, list[str]] = {}
 
     def on_text(_, sample, delta, finished):

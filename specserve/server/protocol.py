@@ -34,6 +34,11 @@ class _Common(BaseModel):
     speculative: Optional[bool] = None  # extra: false = never draft for this request (same tokens either way)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # guided generation, extras as in vLLM (the chat endpoint's response_format maps onto these)
+    guided_json: Union[dict[str, Any], str, None] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
 
     def unsupported(self) -> Optional[str]:
         if self.presence_penalty or self.frequency_penalty:
@@ -46,7 +51,12 @@ class _Common(BaseModel):
             n=self.n, temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p, top_k=-1 if self.top_k is None else self.top_k,
             max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens, seed=self.seed,
-            stop=self.stop, ignore_eos=self.ignore_eos, logprobs=logprobs, speculative=self.speculative)
+            stop=self.stop, ignore_eos=self.ignore_eos, logprobs=logprobs, speculative=self.speculative,
+            **self.guided())
+
+    def guided(self) -> dict:
+        return {k: getattr(self, k) for k in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+                if getattr(self, k) is not None}
 
 
 class CompletionRequest(_Common):
@@ -109,9 +119,23 @@ class ChatCompletionRequest(_Common):
     def unsupported(self) -> Optional[str]:
         if self.tools:
             return "tools are not supported"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format other than text is not supported yet"
+        if self.response_format and self.response_format.get("type", "text") not in ("text", "json_object", "json_schema"):
+            return f"response_format type {self.response_format.get('type')!r} is not supported (text, json_object, json_schema)"
         return super().unsupported()
+
+    def guided(self) -> dict:
+        """response_format {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}
+        as SamplingParams' guided fields (beside the vLLM extras)."""
+        out = super().guided()
+        kind = (self.response_format or {}).get("type", "text")
+        if kind == "json_object":
+            out["guided_json_object"] = True
+        elif kind == "json_schema":
+            spec = self.response_format.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise ValueError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}')
+            out["guided_json"] = spec["schema"]
+        return out
 
     def logprobs_param(self) -> Union[bool, int]:
         if self.top_logprobs is not None and not self.logprobs:

@@ -84,6 +84,23 @@ def test_show_origins_colours_the_answer_by_who_proposed_each_token():
     assert "[origins:" in r.stdout and "lookup" in r.stdout.splitlines()[-1]
 
 
+def test_generate_with_a_json_schema_file_a_choice_and_a_bad_regex(tmp_path):
+    import json
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]},
+                                               "count": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["colour", "count"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    r = run("generate", "Pick a colour and a count as JSON.", "--chat", "--json-schema", str(path), "--max-tokens", "40")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[0])
+    assert got["colour"] in ("red", "green", "blue") and 0 <= got["count"] <= 9
+    r = run("generate", "Is water wet?", "--chat", "--choice", "yes,no", "--max-tokens", "8")
+    assert r.returncode == 0 and r.stdout.splitlines()[0] in ("yes", "no"), r.stdout + r.stderr
+    r = run("generate", "x", "--regex", "((")
+    assert r.returncode == 2 and "guided_regex" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 def test_plan_prints_placement_and_writes_json(tmp_path):
     import json
     out = tmp_path / "plan.json"

@@ -117,7 +117,8 @@ def test_top_logprobs_are_the_models(server, client, embedded_llm):
 
 
 @pytest.mark.parametrize("case", ["no key", "bad json", "unknown model", "n too big", "prompt too long", "bad temperature",
-                                  "body too big", "unknown route", "empty messages", "penalty"])
+                                  "body too big", "unknown route", "empty messages", "penalty", "bad schema",
+                                  "bad response_format"])
 def test_errors_are_openai_error_objects_with_the_right_status(server, case):
     m = server["model"]
     status, body = {
@@ -132,11 +133,38 @@ def test_errors_are_openai_error_objects_with_the_right_status(server, case):
         "unknown route": lambda: raw(server, "GET", "/v1/nothing"),
         "empty messages": lambda: raw(server, "POST", "/v1/chat/completions", {"model": m, "messages": []}),
         "penalty": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "presence_penalty": 1}),
+        "bad schema": lambda: raw(server, "POST", "/v1/chat/completions", {
+            "model": m, "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer", "minimum": 5,
+                                                                                                "maximum": 3}}}}),
+        "bad response_format": lambda: raw(server, "POST", "/v1/chat/completions", {
+            "model": m, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}),
     }[case]()
     want = {"no key": 401, "unknown model": 404, "body too big": 413, "unknown route": 404}.get(case, 400)
     assert status == want, body
     err = json.loads(body)["error"]
     assert err["code"] == want and err["message"] and err["type"]
+
+
+def test_response_format_json_schema_and_json_object(server, client, embedded_llm):
+    """The chat endpoint's response_format and the vLLM extras give what LLM.generate gives with the
+    same guided_* fields, valid against the schema."""
+    import jsonschema
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "population": {"type": "integer"}},
+              "required": ["city", "population"], "additionalProperties": False}
+    msgs = [{"role": "user", "content": "The largest city of Japan as JSON."}]
+    got = client.chat.completions.create(model=server["model"], messages=msgs, temperature=0, max_tokens=60,
+                                         response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    want = embedded_llm.chat(msgs, SamplingParams(temperature=0, max_tokens=60, guided_json=schema))[0].outputs[0].text
+    assert got.choices[0].message.content == want
+    jsonschema.validate(json.loads(want), schema)
+    obj = client.chat.completions.create(model=server["model"], messages=msgs, temperature=0, max_tokens=60,
+                                         response_format={"type": "json_object"})
+    text = obj.choices[0].message.content  # any object: it may run past max_tokens
+    assert text.startswith("{") and (obj.choices[0].finish_reason == "length" or isinstance(json.loads(text), dict))
+    extra = client.completions.create(model=server["model"], prompt="The answer is", temperature=0, max_tokens=8,
+                                      extra_body={"guided_choice": ["yes", "no"]})
+    assert extra.choices[0].text in ("yes", "no")
 
 
 def test_clients_that_disconnect_mid_stream_leave_no_blocks(server):
