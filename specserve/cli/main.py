@@ -178,6 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--out", default="bench/results")
     add_model_args(st)
 
+    gd = bsub.add_parser("guided", help="guided generation: validity, tokens/s with and without fast-forward and "
+                                        "speculation, llguidance vs xgrammar")
+    gd.add_argument("--speculative", choices=DRAFTERS.names(), default="auto", help="the drafter of the +spec configurations")
+    gd.add_argument("--samples", type=positive_int, default=4, help="samples at T=1 per schema and round (besides greedy)")
+    gd.add_argument("--rounds", type=positive_int, default=1)
+    gd.add_argument("--schemas", type=positive_int, default=5, help="the first N of the bench's schemas (flat ... formats)")
+    gd.add_argument("--max-tokens", type=positive_int, default=300)
+    gd.add_argument("--out", default="bench/results")
+    add_model_args(gd)
+
     sp = bsub.add_parser("spec", help="speculative vs regular decoding: the BASS tables, ablations, Pass@1, peers")
     sp.add_argument("--batch-sizes", default="1,2,4,8,16")
     sp.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (T=0.2, top-p 0.95), or none")
@@ -327,6 +337,10 @@ def _run(args) -> int:
             raise ValueError("bench spec compares speculative decoding with regular decoding; "
                              f"pick --speculative {'|'.join(DRAFTERS.names())}")
         run_spec_bench(args)
+        return 0
+    if args.command == "bench" and args.bench == "guided":
+        from ..bench.guided import run_guided_bench
+        run_guided_bench(args)
         return 0
     if args.command == "bench" and args.bench == "staged":
         from ..bench.staged import run_staged_bench

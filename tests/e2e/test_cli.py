@@ -101,6 +101,18 @@ def test_generate_with_a_json_schema_file_a_choice_and_a_bad_regex(tmp_path):
     assert r.returncode == 2 and "guided_regex" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_bench_guided_writes_validity_speed_and_engines(tmp_path):
+    import json
+    r = run("bench", "guided", "--schemas", "2", "--samples", "1", "--speculative", "lookup", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(next(tmp_path.glob("guided-*.json")).read_text())
+    cfg = got["configs"]
+    assert all(cfg[c]["validity"] == 1.0 for c in ("constrained", "constrained+ff", "constrained+ff+spec"))
+    assert cfg["constrained+ff"]["fast_forwarded_share"] > 0.2 and cfg["constrained"]["fast_forwarded_share"] == 0
+    assert got["engines"]["llguidance"]["mask_ms_per_token"] > 0
+    assert list(tmp_path.glob("guided-*.md")) and list(tmp_path.glob("guided-*.png"))
+
+
 def test_plan_prints_placement_and_writes_json(tmp_path):
     import json
     out = tmp_path / "plan.json"
