@@ -108,29 +108,17 @@ def run_guided_bench(args) -> dict:
 
 def grammar_engines(tokenizer, replays: list[tuple[dict, list[int]]]) -> dict:
     """Compile time per schema and mask time per token, llguidance vs xgrammar (where it imports),
-    over the same token sequences."""
-    out: dict[str, Optional[dict]] = {}
+    over the same token sequences, both with the engine's compact JSON (json.dumps's separators)."""
     import llguidance
     import llguidance.torch as lt
+
+    from ..guided.grammar import json_grammar
     t0 = time.perf_counter()
     lltok = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=tokenizer.vocab_size, eos_token=tokenizer.eos_token_ids[0])
-    setup = time.perf_counter() - t0
-    from ..guided.grammar import json_grammar
-    compile_s, mask_s, n = 0.0, 0.0, 0
-    for schema, tokens in replays:
-        t0 = time.perf_counter()
-        m = llguidance.LLMatcher(lltok, json_grammar(schema), log_level=0)
-        compile_s += time.perf_counter() - t0
-        bm = lt.allocate_token_bitmask(1, lltok.vocab_size)
-        for t in tokens:
-            t0 = time.perf_counter()
-            lt.fill_next_token_bitmask(m, bm, 0)
-            mask_s += time.perf_counter() - t0
-            n += 1
-            if not m.consume_token(t):
-                break
-    out["llguidance"] = {"tokenizer_setup_s": round(setup, 3), "compile_ms_per_schema": round(1000 * compile_s / max(len(replays), 1), 3),
-                         "mask_ms_per_token": round(1000 * mask_s / max(n, 1), 4), "tokens": n}
+    out: dict[str, Optional[dict]] = {"llguidance": _replay(
+        replays, time.perf_counter() - t0, lambda schema: llguidance.LLMatcher(lltok, json_grammar(schema), log_level=0),
+        lambda: lt.allocate_token_bitmask(1, lltok.vocab_size), lambda m, bm: lt.fill_next_token_bitmask(m, bm, 0),
+        lambda m, t: m.consume_token(t))}
     try:
         import xgrammar as xgr
     except ImportError:
@@ -140,24 +128,32 @@ def grammar_engines(tokenizer, replays: list[tuple[dict, list[int]]]) -> dict:
     info = xgr.TokenizerInfo([tokenizer.backend.id_to_token(i) or "" for i in range(tokenizer.vocab_size)],
                              xgr.VocabType.BYTE_LEVEL, stop_token_ids=tokenizer.eos_token_ids)
     compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-    setup = time.perf_counter() - t0
+    out["xgrammar"] = _replay(
+        replays, time.perf_counter() - t0,
+        lambda schema: xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
+                                                                       separators=(", ", ": "))),
+        lambda: xgr.allocate_token_bitmask(1, info.vocab_size), lambda m, bm: m.fill_next_token_bitmask(bm, 0),
+        lambda m, t: m.accept_token(t))
+    return out
+
+
+def _replay(replays, setup_s: float, matcher, bitmask, fill, accept) -> dict:
+    """Time one engine: matcher(schema) (the compile), then fill(m, bm) before each token accept(m, t)."""
     compile_s, mask_s, n = 0.0, 0.0, 0
     for schema, tokens in replays:
         t0 = time.perf_counter()
-        cg = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, separators=(", ", ": "))
+        m = matcher(schema)
         compile_s += time.perf_counter() - t0
-        m = xgr.GrammarMatcher(cg)
-        bm = xgr.allocate_token_bitmask(1, info.vocab_size)
+        bm = bitmask()
         for t in tokens:
             t0 = time.perf_counter()
-            m.fill_next_token_bitmask(bm, 0)
+            fill(m, bm)
             mask_s += time.perf_counter() - t0
             n += 1
-            if not m.accept_token(t):
+            if not accept(m, t):
                 break
-    out["xgrammar"] = {"tokenizer_setup_s": round(setup, 3), "compile_ms_per_schema": round(1000 * compile_s / max(len(replays), 1), 3),
-                       "mask_ms_per_token": round(1000 * mask_s / max(n, 1), 4), "tokens": n}
-    return out
+    return {"tokenizer_setup_s": round(setup_s, 3), "compile_ms_per_schema": round(1000 * compile_s / max(len(replays), 1), 3),
+            "mask_ms_per_token": round(1000 * mask_s / max(n, 1), 4), "tokens": n}
 
 
 def markdown(r: dict) -> str:
