@@ -200,6 +200,13 @@ class Draft:
             out.append(1 if p < 0 else out[p] + 1)
         return out
 
+    def paths(self) -> list[tuple[int, ...]]:
+        """Each token's path: the draft tokens from the last known token's child down to it."""
+        out: list[tuple[int, ...]] = []
+        for t, p in zip(self.tokens, self.parent_list()):
+            out.append((out[p] if p >= 0 else ()) + (t,))
+        return out
+
     def cumulative(self) -> list[float]:
         """Each token's estimated chance of acceptance: the product of the confidences from the root."""
         out: list[float] = []

@@ -142,14 +142,6 @@ class LookaheadDrafter(Drafter):
         """The path of column i's newest cell: level 0 up to column i, then the column's levels."""
         return tuple(w.levels[0][1:i + 1]) + tuple(w.levels[j][i] for j in range(1, self.N - 1))
 
-    @staticmethod
-    def _path(tokens: list[int], parents: list[int], j: int) -> tuple[int, ...]:
-        out = []
-        while j >= 0:
-            out.append(tokens[j])
-            j = parents[j]
-        return tuple(reversed(out))
-
     # --- after the pass ----------------------------------------------------------------------------
     def observe_span(self, request: Request, draft: Draft, argmax: list[int], path: list[int]) -> None:
         """The target's greedy token after every row of the verified span (argmax[0] after the root,
@@ -159,7 +151,7 @@ class LookaheadDrafter(Drafter):
         if w is None or draft.origin != TokenOrigin.LOOKAHEAD:
             return
         parents = draft.parent_list()
-        paths = [self._path(draft.tokens, parents, j) for j in range(len(draft.tokens))]
+        paths = draft.paths()
         after = {(): argmax[0]} | {p: argmax[j + 1] for j, p in enumerate(paths)}
         # acceptance of the nodes the verifier tried (their parent accepted, or the root's children)
         accepted = set(path)

@@ -34,7 +34,6 @@ class GuidedDecoding:
     def __init__(self, tokenizer, fast_forward: bool = True):
         self.tokenizer, self.fast_forward = tokenizer, fast_forward
         self._compiler: Optional[GrammarCompiler] = None  # built on the first guided request
-        self.forced_tokens = 0  # fast-forwarded tokens, for stats
 
     @property
     def compiler(self) -> GrammarCompiler:
@@ -65,19 +64,12 @@ class GuidedDecoding:
                 if n == len(d.tokens):
                     continue
                 # a sampled draft with its own q keeps its refused token as a sure rejection (module doc)
-                keep = n + 1 if d.probs is not None and not r.params.greedy else n
+                keep = list(range(n + 1 if d.probs is not None and not r.params.greedy else n))
             else:
-                parents, ok = d.parent_list(), []
-                for j in range(len(d.tokens)):
-                    if parents[j] < 0 or ok[parents[j]]:
-                        path = _path(d.tokens, parents, j)
-                        ok.append(g.valid_prefix(path) == len(path))
-                    else:
-                        ok.append(False)
-                keep = [j for j, good in enumerate(ok) if good]
+                # a node is kept when its whole path is allowed (a refused node's subtree goes with it)
+                keep = [j for j, path in enumerate(d.paths()) if g.valid_prefix(path) == len(path)]
                 if len(keep) == len(d.tokens):
                     continue
-            keep = list(range(keep)) if isinstance(keep, int) else keep
             r.draft = d.subset(keep) if keep else None
 
     # --- logits --------------------------------------------------------------------------------
@@ -87,33 +79,20 @@ class GuidedDecoding:
         first + 0 gets the guide's current mask, and draft token j's row (first + j + 1) the mask after
         the tokens from the root down to j, where the grammar allows them (else it stays open: the
         verifier never reads past a sure rejection)."""
-        rows, fills = [], []
+        rows, fills = [], []  # per row: its guide and the path to walk first (a refused path: the row stays open)
         for first, g, d in spans:
             rows.append(first)
-            fills.append((g, []))
-            if d is None:
-                continue
-            parents = d.parent_list()
-            for j in range(len(d.tokens)):
+            fills.append((g, ()))
+            for j, path in enumerate(() if d is None else d.paths()):
                 rows.append(first + j + 1)
-                path = _path(d.tokens, parents, j)
-                fills.append((g, path if g.valid_prefix(path) == len(path) else None))
+                fills.append((g, path))
         if not rows:
             return
         bitmask = allow_all(len(rows), spans[0][1].vocab_size)
         for i, (g, path) in enumerate(fills):
-            if path is None:
-                continue
-            if path and not g.accept(path):
-                raise RuntimeError(f"grammar refused a checked draft: {g.error}")
-            g.fill_mask(bitmask, i)
-            g.rollback(len(path))
+            n = g.advance(path)
+            if n == len(path):
+                g.fill_mask(bitmask, i)
+            g.rollback(n)
         apply_bitmask(logits, rows, bitmask)
 
-
-def _path(tokens: list[int], parents: list[int], j: int) -> list[int]:
-    out = []
-    while j >= 0:
-        out.append(tokens[j])
-        j = parents[j]
-    return out[::-1]

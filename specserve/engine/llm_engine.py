@@ -188,9 +188,9 @@ class LLMEngine:
         spec = self.speculator
         if spec is not None:
             spec.propose(self.scheduler.running)
-            drafted = [r for r in self.scheduler.running if r.draft is not None and self._guide(r) is not None]
+            drafted = [(r, g) for r in self.scheduler.running if r.draft is not None and (g := self._guide(r)) is not None]
             if drafted:
-                self.guided.prune_drafts(drafted, [self._guide(r) for r in drafted])
+                self.guided.prune_drafts([r for r, _ in drafted], [g for _, g in drafted])
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         if spec is not None:
@@ -206,8 +206,8 @@ class LLMEngine:
         # Requests whose step samples: one logits row each, or a verify span of 1 + k rows.
         samplers = [(s, rows) for s, rows in out if rows.logits is not None and not s.num_draft_tokens]
         verifiers = [(s, rows) for s, rows in out if s.num_draft_tokens]
-        spans = [(rows.logits.start, self._guide(s.request), s.request.draft if s.num_draft_tokens else None)
-                 for s, rows in out if rows.logits is not None and self._guide(s.request) is not None]
+        spans = [(rows.logits.start, g, s.request.draft if s.num_draft_tokens else None)
+                 for s, rows in out if rows.logits is not None and (g := self._guide(s.request)) is not None]
         # constrained rows: the grammar's mask (an n > 1 leader's first row serves its siblings too:
         # every guide starts at the grammar's start)
         if spans:
@@ -258,7 +258,6 @@ class LLMEngine:
         delta = ""
         for tok in g.forced():
             delta += self._append(r, tok, (0.0, {tok: 0.0}), now, TokenOrigin.GRAMMAR)
-            self.guided.forced_tokens += 1
             if r.is_finished:
                 break
         return delta

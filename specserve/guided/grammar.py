@@ -137,6 +137,11 @@ class Guide:
         """Take emitted tokens; False (and the guide in error) if the grammar refuses one."""
         return self.m.consume_tokens(list(tokens))
 
+    def advance(self, tokens: Sequence[int]) -> int:
+        """Take as many of tokens, in order, as the grammar allows; returns how many (roll them back
+        with rollback)."""
+        return self.m.try_consume_tokens(list(tokens)) if tokens else 0
+
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How many of tokens, in order, the grammar allows from here (state unchanged)."""
         return self.m.validate_tokens(list(tokens))
@@ -148,6 +153,3 @@ class Guide:
     def forced(self) -> list[int]:
         """Tokens the grammar allows one way only from here (fast-forward), in order."""
         return self.m.compute_ff_tokens()
-
-    def copy(self) -> "Guide":
-        return Guide(self.m.deep_copy(), self.vocab_size)

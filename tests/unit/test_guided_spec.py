@@ -33,6 +33,11 @@ class ToyGuide:
             last, n = t, n + 1
         return n
 
+    def advance(self, tokens):
+        n = self.valid_prefix(tokens)
+        self.seq += list(tokens[:n])
+        return n
+
     def accept(self, tokens):
         if self.valid_prefix(tokens) < len(tokens):
             return False
