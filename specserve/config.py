@@ -37,6 +37,9 @@ class CacheConfig:
     block_size: int = 16  # tokens per KV block
     kv_cache_gib: float = 1.0  # memory for the paged KV cache
     num_blocks: Optional[int] = None  # overrides kv_cache_gib when set
+    # reuse the KV of full blocks another request computed for the same tokens (kv/block_manager.py);
+    # off with drafters that read the target's hidden states (EAGLE)
+    enable_prefix_caching: bool = True
 
     def __post_init__(self):
         _check_int("block_size", self.block_size, 1)

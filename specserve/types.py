@@ -245,6 +245,7 @@ class Request:
     output_top_logprobs: list[dict[int, float]] = field(default_factory=list)  # logprobs=k: {id: logprob}, most likely first
     output_origins: list[TokenOrigin] = field(default_factory=list)  # who proposed each output token
     num_computed_tokens: int = 0  # tokens whose KV is in the cache (Scheduler moves it)
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (not computed for this request)
     draft: Optional[Draft] = None  # proposed tokens riding after the known ones this step (spec.decoder sets it)
     block_table: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
@@ -277,6 +278,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+    def token_slice(self, a: int, b: int) -> list[int]:
+        """Tokens a..b-1 (prompt and output sliced apart: no copy of the whole sequence)."""
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[a:min(b, p)] + self.output_token_ids[max(0, a - p):max(0, b - p)]
 
     def token_at(self, i: int) -> int:
         p = len(self.prompt_token_ids)
@@ -324,6 +330,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = True
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (vLLM's field)
 
     @property
     def metrics(self) -> dict:

@@ -34,6 +34,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="pin the CPU threads (default: all cores, fewer while other processes compete)")
     p.add_argument("--kv-cache-gib", type=positive_float, default=1.0,
                    help="memory for the paged KV cache, allocated up front (default 1 GiB)")
+    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="compute every prompt in full (default: reuse the KV blocks of a prefix computed before)")
 
 
 def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
@@ -188,6 +190,15 @@ def build_parser() -> argparse.ArgumentParser:
     gd.add_argument("--out", default="bench/results")
     add_model_args(gd)
 
+    px = bsub.add_parser("prefix", help="prefix caching: time to first token of a second chat turn and of a shared "
+                                        "system prompt, with and without the cache")
+    px.add_argument("--prefix-tokens", type=positive_int, default=1000, help="the system prompt's length, about")
+    px.add_argument("--rounds", type=positive_int, default=5)
+    px.add_argument("--shared", type=int, default=3, help="more questions per round with the same system prompt")
+    px.add_argument("--max-tokens", type=positive_int, default=32)
+    px.add_argument("--out", default="bench/results")
+    add_model_args(px)
+
     sp = bsub.add_parser("spec", help="speculative vs regular decoding: the BASS tables, ablations, Pass@1, peers")
     sp.add_argument("--batch-sizes", default="1,2,4,8,16")
     sp.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (T=0.2, top-p 0.95), or none")
@@ -261,7 +272,8 @@ def cmd_generate(args) -> int:
                             max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
                             **guided_from_args(args))
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-              kv_cache_gib=args.kv_cache_gib, speculative=spec_from_args(args), guided_fast_forward=args.fast_forward)
+              kv_cache_gib=args.kv_cache_gib, speculative=spec_from_args(args), guided_fast_forward=args.fast_forward,
+              enable_prefix_caching=args.enable_prefix_caching)
     pieces: dict[int, list[str]] = {}
 
     def on_text(_, sample, delta, finished):
@@ -319,7 +331,7 @@ def _run(args) -> int:
         from .serve import cmd_serve
         return cmd_serve(args, dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
                                     kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs,
-                                    speculative=spec_from_args(args)))
+                                    speculative=spec_from_args(args), enable_prefix_caching=args.enable_prefix_caching))
     if args.command == "plan":
         from .plan import cmd_plan
         return cmd_plan(args)
@@ -349,6 +361,10 @@ def _run(args) -> int:
     if args.command == "bench" and args.bench == "serve":
         from ..bench.serve import run_serve_bench
         run_serve_bench(args)
+        return 0
+    if args.command == "bench" and args.bench == "prefix":
+        from ..bench.prefix import run_prefix_bench
+        run_prefix_bench(args)
         return 0
     if args.command == "bench" and args.bench == "decode":
         from ..bench.decode import run_decode_bench

@@ -37,6 +37,8 @@ class EngineStats:
     steps: int = 0
     threads: int = 0  # CPU threads the last step used (engine/threads.py)
     spec: Optional[dict] = None  # LLM.spec_stats(): acceptance by position, tokens per step, speculating
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of which found (their prefill skipped)
 
 
 @dataclass
@@ -236,4 +238,4 @@ class AsyncLLM:
             waiting=len(eng.scheduler.waiting), running=len(eng.scheduler.running),
             kv_blocks_used=bm.num_blocks - bm.num_free_blocks, kv_blocks_total=bm.num_blocks,
             steps=self.stats.steps + stepped,  # idle wake-ups are not steps threads=eng.threads.threads if eng.threads is not None else 0,
-            spec=spec)
+            spec=spec, prefix_cache_queries=eng.scheduler.prefix_queries, prefix_cache_hits=eng.scheduler.prefix_hits)

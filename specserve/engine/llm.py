@@ -27,17 +27,19 @@ class LLM:
         in distribution.
     guided_fast_forward: append the tokens a request's grammar forces without sampling (SamplingParams
         guided_json / guided_regex / guided_choice / guided_grammar; the same output either way).
+    enable_prefix_caching: a prompt starting with tokens an earlier request computed (a system prompt,
+        earlier chat turns) reuses their KV blocks instead of prefilling them (the same output either way).
     """
 
     def __init__(self, model: Optional[str] = None, dtype: str = "auto", device: str = "cpu",
                  block_kernels: bool = True, num_threads: Optional[int] = None, kv_cache_gib: float = 1.0,
                  block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: Optional[int] = None, speculative: Union[dict, str, SpeculativeConfig, None] = None,
-                 guided_fast_forward: bool = True):
+                 guided_fast_forward: bool = True, enable_prefix_caching: bool = True):
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, device=device, block_kernels=block_kernels,
                               num_threads=num_threads),
-            cache=CacheConfig(block_size=block_size, kv_cache_gib=kv_cache_gib),
+            cache=CacheConfig(block_size=block_size, kv_cache_gib=kv_cache_gib, enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len),
             speculative=SpeculativeConfig.from_any(speculative),
@@ -131,4 +133,5 @@ class LLM:
                 accepted_per_step=list(r.spec_accepted) if r.spec_drafted else None,
                 drafted_per_step=list(r.spec_drafted) if r.spec_drafted else None,
                 origins=[o.value for o in r.output_origins]))
-        return RequestOutput(group[0].group_id, prompt, list(group[0].prompt_token_ids), outs)
+        return RequestOutput(group[0].group_id, prompt, list(group[0].prompt_token_ids), outs,
+                             num_cached_tokens=group[0].num_cached_tokens)

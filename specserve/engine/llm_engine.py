@@ -68,8 +68,6 @@ class LLMEngine:
         num_blocks = cc.num_blocks or max(1, int(cc.kv_cache_gib * 2**30) // per_block)
         self.kv = KVCache(self.arch.num_hidden_layers, num_blocks, cc.block_size, self.arch.num_key_value_heads,
                           self.arch.head_dim, self.dtype, self.device)
-        self.scheduler = Scheduler(BlockManager(num_blocks, cc.block_size), config.scheduler.max_num_seqs,
-                                   config.scheduler.max_num_batched_tokens)
         spec_config = config.speculative
         # Without speculation too: the C++ paged kernel (split) on CPU, one padded SDPA call on CUDA.
         attention = (spec_config or SpeculativeConfig()).resolved_attention(mc.device)
@@ -87,6 +85,13 @@ class LLMEngine:
                                                  spec_config.fallback, shape=spec_config.shape,
                                                  tree=TreeShape(spec_config.tree_top_k, spec_config.tree_beam,
                                                                 spec_config.tree_max_nodes))
+        # Prefix caching skips the prefill of cached blocks; a drafter that reads the target's hidden state
+        # at every position (EAGLE) would miss theirs, so it turns caching off (self.prefix_caching says).
+        self.prefix_caching = cc.enable_prefix_caching and not (self.speculator is not None
+                                                                and self.speculator.wants_hidden_states)
+        self.scheduler = Scheduler(BlockManager(num_blocks, cc.block_size, self.prefix_caching),
+                                   config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
+        if spec_config is not None:
             if spec_config.fallback:
                 calibrate(self.speculator.costs, self.model, self.kv, self.scheduler.blocks, attention, plain,
                           config.scheduler.max_num_batched_tokens)

@@ -52,20 +52,20 @@ class ModelRunner:
         offset = 0
         for s in scheduled:
             r, start, n = s.request, s.start, s.num_new_tokens
-            # Slice prompt and output separately: no O(length) copy of the whole sequence per step.
-            n_prompt, n_known = len(r.prompt_token_ids), r.num_tokens
-            token_ids.extend(r.prompt_token_ids[start:start + n])
-            token_ids.extend(r.output_token_ids[max(0, start - n_prompt):max(0, min(start + n, n_known) - n_prompt)])
+            n_known = r.num_tokens
+            token_ids.extend(r.token_slice(start, min(start + n, n_known)))
             tree = None
             if start + n > n_known and r.draft.is_tree:
-                # a token tree after the last known token (the root, span row 0): each node at the root's
-                # position plus its depth, attending to the context and its ancestors (span row
-                # parent + 1) only; the scheduler computes a draft whole or not at all
-                assert start + n - n_known == len(r.draft.tokens) and start == n_known - 1
+                # a token tree after the last known token (the root): each node at the root's position
+                # plus its depth, attending to the context, the span's known tokens (a chain: more than
+                # the root after fast-forward) and its ancestors only; the scheduler computes a draft
+                # whole or not at all
+                known = n_known - start  # span rows 0 .. known - 1; the root is row known - 1
+                assert start + n - n_known == len(r.draft.tokens) and known >= 1
                 token_ids.extend(r.draft.tokens)
-                positions.append(start)
-                positions.extend(start + d for d in r.draft.depths())
-                tree = [-1] + [p + 1 for p in r.draft.parents]
+                positions.extend(range(start, n_known))
+                positions.extend(n_known - 1 + d for d in r.draft.depths())
+                tree = [-1] + list(range(known - 1)) + [p + known for p in r.draft.parents]
             else:
                 if start + n > n_known:  # draft tokens ride after the known ones
                     token_ids.extend(r.draft.tokens[:start + n - n_known])

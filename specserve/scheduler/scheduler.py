@@ -7,7 +7,10 @@ verify). As in vLLM v1, scheduling a request moves its `num_computed_tokens` pas
 (the step computes them), and `keep_rows` moves it back over the rejected drafts after verification,
 freeing the blocks they alone used (a token tree's accepted path first moves up next to its root).
 When blocks run out, the newest running request is preempted: its blocks are freed and it is
-recomputed later (its generated tokens are kept). Plain Python.
+recomputed later (its generated tokens are kept). With prefix caching, a request admitted starts
+from the cached blocks of its longest cached prefix (kv/block_manager.py), and every request's full
+blocks of computed tokens are registered once computed (at the next step, when it finishes or is
+preempted). Plain Python.
 """
 from __future__ import annotations
 
@@ -43,6 +46,9 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # prefix caching, in tokens: looked up at admission, and found (vLLM's prefix_cache_queries / hits)
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
@@ -55,6 +61,8 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         kept: list[Request] = []
+        for req in self.running:  # what the last step computed becomes shareable
+            self._register(req)
         queue = list(self.running)
         while queue and budget > 0:
             req = queue.pop(0)
@@ -81,8 +89,18 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             req = self.waiting[0]
+            if not req.block_table:  # its longest cached prefix (the last token is always computed: its logits)
+                req.block_table = self.blocks.match_prefix(req.all_token_ids, req.num_tokens - 1)
+                req.num_computed_tokens = len(req.block_table) * self.blocks.block_size
+                if not req.output_token_ids:
+                    req.num_cached_tokens = req.num_computed_tokens
+                if self.blocks.enable_prefix_caching:
+                    self.prefix_queries += req.num_tokens - 1
+                    self.prefix_hits += req.num_computed_tokens
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if not self.blocks.can_allocate(req.block_table, req.num_computed_tokens + n):
+                self.blocks.free(req.block_table)  # cached blocks go back to the LRU list, still cached
+                req.num_computed_tokens = 0
                 break
             self.waiting.popleft()
             self.blocks.allocate(req.block_table, req.num_computed_tokens + n)
@@ -129,7 +147,12 @@ class Scheduler:
         self.rollback(req, req.num_computed_tokens - end)
         return moves
 
+    def _register(self, req: Request) -> None:
+        """Offer req's full blocks of computed known tokens for reuse (prefix caching)."""
+        self.blocks.register(req.block_table, req.token_slice, min(req.num_computed_tokens, req.num_tokens))
+
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self._register(req)
         self.blocks.free(req.block_table)
         req.num_computed_tokens = 0
         req.draft = None
@@ -160,6 +183,7 @@ class Scheduler:
         self.finish(req)
 
     def finish(self, req: Request) -> None:
+        self._register(req)
         self.blocks.free(req.block_table)
         req.status = RequestStatus.FINISHED
         if req in self.running:

@@ -27,9 +27,13 @@ class EngineCollector:
                 st.kv_blocks_used / st.kv_blocks_total if st.kv_blocks_total else 0.0)
         yield g("kv_blocks_in_use", "KV blocks in use.", st.kv_blocks_used)
         yield g("cpu_threads", "CPU threads the last step used (fewer while other processes compete).", st.threads)
-        c = CounterMetricFamily("specserve:engine_steps", "Engine steps run.")
-        c.add_metric([], st.steps)
-        yield c
+        for name, doc, v in (("engine_steps", "Engine steps run.", st.steps),
+                             ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", st.prefix_cache_queries),
+                             ("prefix_cache_hits", "Prompt tokens found in the prefix cache (prefill skipped).",
+                              st.prefix_cache_hits)):
+            c = CounterMetricFamily(f"specserve:{name}", doc)
+            c.add_metric([], v)
+            yield c
         spec = st.spec
         if spec is None:
             return

@@ -123,8 +123,7 @@ class SpeculativeDecoder:
     # --- before scheduling ----------------------------------------------------------------------
     def propose(self, running: list[Request]) -> None:
         """Set `request.draft` for the running requests that decode this step and should draft."""
-        decoding = [r for r in running if r.status == RequestStatus.RUNNING and r.num_tokens - r.num_computed_tokens == 1
-                    and r.params.speculative is not False]
+        decoding = [r for r in running if _decoding(r) and r.params.speculative is not False]
         shared = [r for r in decoding if not self._seeded(r)]
         # Seeded requests with the same length (and threshold) draft together: one draft pass each
         # step for the lot, not one per request (a request's draws come from its own generator).
@@ -406,3 +405,12 @@ def _own_alpha(r: Request) -> Optional[float]:
     accepted = sum(r.spec_accepted)
     rejections = sum(a < n for a, n in zip(r.spec_accepted, r.spec_drafted))
     return accepted / (accepted + rejections) if accepted + rejections else None
+
+
+def _decoding(r: Request) -> bool:
+    """Whether r decodes this step: its prompt computed, one token or more to compute. More than one:
+    tokens appended without a pass (grammar-forced ones, fast-forwarded), which the verify span then
+    computes before the draft, like one-hot drafts accepted with certainty (drafters that need the
+    target's state at the last token, EAGLE, skip such a step: they have it only for computed rows)."""
+    return (r.status == RequestStatus.RUNNING and r.num_computed_tokens >= r.num_prompt_tokens
+            and r.num_tokens > r.num_computed_tokens)

@@ -190,6 +190,19 @@ def test_clients_that_disconnect_mid_stream_leave_no_blocks(server):
     assert status == 200 and b'specserve:kv_blocks_in_use 0.0' in body and b"specserve:time_to_first_token_seconds" in body
 
 
+def test_a_shared_prefix_is_served_from_the_prefix_cache(server):
+    def hits() -> float:
+        body = raw(server, "GET", "/metrics")[1].decode()
+        return float(next(ln.split()[-1] for ln in body.splitlines() if ln.startswith("specserve:prefix_cache_hits_total")))
+
+    before = hits()
+    prompt = "Notes on the quick brown fox. " * 30
+    for end in ("It jumps", "It sleeps"):
+        status, _ = raw(server, "POST", "/v1/completions", {"model": server["model"], "prompt": prompt + end, "max_tokens": 2})
+        assert status == 200
+    assert hits() - before >= 160  # the second prompt's first 10+ blocks of 16 tokens
+
+
 def test_past_the_concurrency_limit_requests_get_429_not_a_crash(server):
     results = []
 

@@ -64,3 +64,96 @@ def test_double_free_is_caught():
     bm.free(t)
     with pytest.raises(RuntimeError):
         bm._release(b)
+
+
+# --- prefix caching ---------------------------------------------------------------------------------
+def _seq(tokens):
+    return lambda a, b: tokens[a:b]
+
+
+def test_prefix_blocks_are_shared_after_registration_and_only_whole_matching_blocks():
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    a_tokens = list(range(10))
+    a = []
+    bm.allocate(a, 10)
+    assert bm.match_prefix(a_tokens, 9) == []  # nothing registered yet
+    bm.register(a, _seq(a_tokens), 10)  # 2 full blocks; the partial third is not shareable
+    assert bm.num_cached_blocks == 2
+    b = bm.match_prefix(a_tokens + [99], 10)
+    assert b == a[:2] and bm.ref_counts[a[0]] == 2
+    # a different second block: only the first is shared; a different first block: none
+    assert bm.match_prefix([0, 1, 2, 3, 4, 5, 6, 77, 8], 8) == a[:1]
+    assert bm.match_prefix([9, 1, 2, 3, 4, 5, 6, 7], 8) == []
+    # max_tokens caps the match (the engine always computes a prompt's last token)
+    assert bm.match_prefix(a_tokens, 7) == a[:1]
+
+
+def test_same_block_tokens_after_another_prefix_do_not_match():
+    """Keys chain by the parent block: equal tokens after a different prefix are other KV."""
+    bm = BlockManager(num_blocks=8, block_size=2, enable_prefix_caching=True)
+    t, a = [1, 2, 3, 4], []
+    bm.allocate(a, 4)
+    bm.register(a, _seq(t), 4)
+    assert bm.match_prefix([5, 6, 3, 4], 4) == []
+    assert bm.match_prefix([1, 2, 3, 4], 4) == a
+
+
+def test_freed_cached_blocks_are_reused_until_evicted_lru_and_fresh_blocks_go_first():
+    bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
+    t, a = [1, 2, 3, 4], []
+    bm.allocate(a, 4)
+    bm.register(a, _seq(t), 4)
+    blocks_a = list(a)
+    bm.free(a)
+    assert bm.num_free_blocks == 4 and bm.num_cached_blocks == 2
+    other = []
+    bm.allocate(other, 4)  # the two never-registered blocks first: the cached prefix survives
+    assert not set(other) & set(blocks_a)
+    hit = bm.match_prefix(t, 4)
+    assert hit == blocks_a and bm.num_free_blocks == 0
+    bm.free(hit)
+    bm.free(other)
+    third = []
+    bm.allocate(third, 8)  # all four: the registered ones are evicted, least recently freed first
+    assert bm.num_cached_blocks == 0 and bm.match_prefix(t, 4) == []
+    bm.free(third)
+    assert bm.num_free_blocks == 4
+
+
+def test_a_second_table_with_the_same_tokens_registers_privately_and_frees_cleanly():
+    bm = BlockManager(num_blocks=6, block_size=2, enable_prefix_caching=True)
+    t = [1, 2, 3, 4]
+    a, b = [], []
+    bm.allocate(a, 4)
+    bm.allocate(b, 4)  # computed the same prefix in the same step
+    bm.register(a, _seq(t), 4)
+    bm.register(b, _seq(t), 4)
+    assert bm.num_cached_blocks == 2
+    hit = bm.match_prefix(t, 4)
+    assert hit == a
+    first_of_b = b[0]
+    for table in (hit, a, b):
+        bm.free(table)
+    assert bm.num_free_blocks == 6
+    with pytest.raises(RuntimeError):
+        bm.free([first_of_b])
+
+
+def test_register_walks_only_new_blocks_and_is_off_without_prefix_caching():
+    bm = BlockManager(num_blocks=4, block_size=2, enable_prefix_caching=True)
+    seen = []
+    t, a = [1, 2, 3, 4, 5, 6], []
+    bm.allocate(a, 6)
+
+    def tokens(x, y):
+        seen.append((x, y))
+        return t[x:y]
+    bm.register(a, tokens, 4)
+    bm.register(a, tokens, 5)  # no new full block
+    bm.register(a, tokens, 6)
+    assert seen == [(0, 2), (2, 4), (4, 6)]
+    off = BlockManager(num_blocks=4, block_size=2)
+    c = []
+    off.allocate(c, 4)
+    off.register(c, _seq(t), 4)
+    assert off.num_cached_blocks == 0 and off.match_prefix(t, 4) == []

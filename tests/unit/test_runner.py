@@ -52,3 +52,26 @@ def test_runner_appends_drafts_and_asks_logits_for_every_span_row():
     assert [r.tokens for r in out.rows] == [slice(0, 4), slice(4, 7), slice(7, 8)]
     assert [r.logits for r in out.rows] == [slice(0, 4), None, slice(4, 5)]
     assert out.logits.shape[0] == 5
+
+
+def test_runner_puts_a_tree_after_fast_forwarded_tokens():
+    """Grammar-forced tokens appended without a pass are computed in the next span before its draft:
+    known tokens as a chain (each attends to those before it), the tree hanging from the last one."""
+    class Capture:
+        def forward(self, token_ids, positions, meta, k, v, logits_rows, return_hidden=False):
+            self.ids, self.pos, self.rows = token_ids.tolist(), positions.tolist(), logits_rows.tolist()
+            self.parents = meta.span_parents
+            return torch.zeros(len(self.rows), 1)
+
+    kv = type("KV", (), {"block_size": 4, "k": None, "v": None})()
+    model = Capture()
+    runner = ModelRunner(model, kv, torch.device("cpu"))
+    a = Request("a", [10, 11], SamplingParams())
+    a.output_token_ids, a.block_table = [20, 21, 22], [0, 1, 2]  # 20 sampled, 21 and 22 forced: 2 computed
+    a.draft = Draft([30, 31, 32], parents=[-1, -1, 0])  # 30 and 31 after 22, 32 after 30
+    out = runner.execute([ScheduledRequest(a, 2, 6, 3)])
+    assert model.ids == [20, 21, 22, 30, 31, 32]
+    assert model.pos == [2, 3, 4, 5, 5, 6]
+    assert model.parents == [[-1, 0, 1, 2, 2, 3]]
+    assert model.rows == [2, 3, 4, 5]  # the root (22), then each node
+    assert out.rows[0].logits == slice(0, 4)

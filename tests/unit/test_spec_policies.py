@@ -220,7 +220,8 @@ def test_seeded_requests_with_the_same_length_draft_in_one_pass():
 
     def decoding(rid, seed, temperature):
         r = Request(rid, [5, 6, 7], SamplingParams(temperature=temperature, max_tokens=8), seed=seed)
-        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 2  # one token left to compute: decoding
+        r.output_token_ids = [8]
+        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3  # the prompt computed, one token left: decoding
         return r
 
     drafter = Recorder()
@@ -252,7 +253,8 @@ def test_lookups_are_not_timed_as_draft_model_steps():
 
     def decoding(rid):
         r = Request(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=8))
-        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 2
+        r.output_token_ids = [8]
+        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
         return r
 
     drafter = Mixed()
@@ -336,7 +338,8 @@ def test_while_drafting_pays_one_plain_step_in_plain_every_re_measures_plain_ste
             return self.propose(requests, max_len)
 
     r = Request("a", [5, 6, 7], SamplingParams(temperature=0, max_tokens=64))
-    r.status, r.num_computed_tokens = RequestStatus.RUNNING, 2
+    r.output_token_ids = [8]
+    r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
     spec = SpeculativeDecoder(Always(), lambda: make_policy("fixed", 2), plain_every=3)
     for rows, ms in {1: 10, 2: 11, 4: 13, 8: 17}.items():  # a further row costs a tenth of a step
         spec.costs.record_calibration(rows, ms / 1e3)
