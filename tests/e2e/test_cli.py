@@ -113,6 +113,17 @@ def test_bench_guided_writes_validity_speed_and_engines(tmp_path):
     assert list(tmp_path.glob("guided-*.md")) and list(tmp_path.glob("guided-*.png"))
 
 
+def test_bench_prefix_writes_ttft_with_and_without_the_cache(tmp_path):
+    import json
+    r = run("bench", "prefix", "--prefix-tokens", "200", "--rounds", "2", "--shared", "1", "--max-tokens", "4",
+            "--kv-cache-gib", "0.25", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(next(tmp_path.glob("prefix-*.json")).read_text())
+    assert got["identical_outputs"] and got["turn2_cached_tokens"] >= 192
+    assert set(got["ttft_s"]["cached"]) == {"turn1_ttft", "turn2_ttft", "shared_ttft"}
+    assert list(tmp_path.glob("prefix-*.md")) and list(tmp_path.glob("prefix-*.png"))
+
+
 def test_plan_prints_placement_and_writes_json(tmp_path):
     import json
     out = tmp_path / "plan.json"
