@@ -55,10 +55,16 @@ class SchedulerConfig:
     max_num_seqs: int = 64  # sequences decoded together
     max_num_batched_tokens: int = 2048  # tokens per forward pass (prefill chunks + decodes)
     max_model_len: Optional[int] = None  # None: the model's context length (it cannot exceed it)
+    # SARATHI: prompt tokens per step after the running decodes. "auto": measured on this machine when
+    # the engine starts (engine/chunking.py: the smallest chunk whose prefill rate is within 10% of the
+    # best); an int: that many; None: whole prompts, up to max_num_batched_tokens a step.
+    prefill_chunk: Union[int, str, None] = "auto"
 
     def __post_init__(self):
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.prefill_chunk != "auto" and self.prefill_chunk is not None:
+            _check_int("prefill_chunk (or \"auto\", or None)", self.prefill_chunk, 1)
         if self.max_model_len is not None:
             _check_int("max_model_len", self.max_model_len, 2)
 

@@ -26,6 +26,12 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _chunk(text: str):
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    return positive_int(text)
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=_model_path, default=None, help="a .gguf file or HF directory (default: embedded SmolLM2-135M)")
     p.add_argument("--dtype", choices=DTYPES, default="auto")
@@ -34,6 +40,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="pin the CPU threads (default: all cores, fewer while other processes compete)")
     p.add_argument("--kv-cache-gib", type=positive_float, default=1.0,
                    help="memory for the paged KV cache, allocated up front (default 1 GiB)")
+    p.add_argument("--prefill-chunk", type=_chunk, default="auto",
+                   help="prompt tokens per step beside the running decodes (SARATHI): auto (measured at start), "
+                        "a number, or none (whole prompts)")
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="compute every prompt in full (default: reuse the KV blocks of a prefix computed before)")
 
@@ -199,6 +208,20 @@ def build_parser() -> argparse.ArgumentParser:
     px.add_argument("--out", default="bench/results")
     add_model_args(px)
 
+    sa = bsub.add_parser("sarathi", help="chunked prefill with decode-maximal batching vs whole-prompt prefill: the "
+                                         "decoders' inter-token latency while long prompts arrive")
+    sa.add_argument("--decoders", type=positive_int, default=4, help="requests decoding while the long prompts arrive")
+    sa.add_argument("--max-tokens", type=positive_int, default=96, help="tokens each decoder generates")
+    sa.add_argument("--long", type=positive_int, default=3, help="long prompts arriving per round")
+    sa.add_argument("--long-tokens", type=positive_int, default=1500, help="their length, about")
+    sa.add_argument("--first-arrival", type=float, default=0.3, help="seconds after the start")
+    sa.add_argument("--every", type=float, default=1.0, help="seconds between arrivals")
+    sa.add_argument("--chunk", type=positive_int, default=None, help="also run this fixed chunk")
+    sa.add_argument("--rounds", type=positive_int, default=3)
+    sa.add_argument("--limit-s", type=float, default=300.0, help="a round stops after this long, finished or not")
+    sa.add_argument("--out", default="bench/results")
+    add_model_args(sa)
+
     sp = bsub.add_parser("spec", help="speculative vs regular decoding: the BASS tables, ablations, Pass@1, peers")
     sp.add_argument("--batch-sizes", default="1,2,4,8,16")
     sp.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (T=0.2, top-p 0.95), or none")
@@ -273,7 +296,7 @@ def cmd_generate(args) -> int:
                             **guided_from_args(args))
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
               kv_cache_gib=args.kv_cache_gib, speculative=spec_from_args(args), guided_fast_forward=args.fast_forward,
-              enable_prefix_caching=args.enable_prefix_caching)
+              enable_prefix_caching=args.enable_prefix_caching, prefill_chunk=args.prefill_chunk)
     pieces: dict[int, list[str]] = {}
 
     def on_text(_, sample, delta, finished):
@@ -331,7 +354,8 @@ def _run(args) -> int:
         from .serve import cmd_serve
         return cmd_serve(args, dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
                                     kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs,
-                                    speculative=spec_from_args(args), enable_prefix_caching=args.enable_prefix_caching))
+                                    speculative=spec_from_args(args), enable_prefix_caching=args.enable_prefix_caching,
+                                    prefill_chunk=args.prefill_chunk))
     if args.command == "plan":
         from .plan import cmd_plan
         return cmd_plan(args)
@@ -365,6 +389,10 @@ def _run(args) -> int:
     if args.command == "bench" and args.bench == "prefix":
         from ..bench.prefix import run_prefix_bench
         run_prefix_bench(args)
+        return 0
+    if args.command == "bench" and args.bench == "sarathi":
+        from ..bench.sarathi import run_sarathi_bench
+        run_sarathi_bench(args)
         return 0
     if args.command == "bench" and args.bench == "decode":
         from ..bench.decode import run_decode_bench

@@ -27,6 +27,8 @@ class LLM:
         in distribution.
     guided_fast_forward: append the tokens a request's grammar forces without sampling (SamplingParams
         guided_json / guided_regex / guided_choice / guided_grammar; the same output either way).
+    prefill_chunk: prompt tokens per step beside the running decodes (SARATHI): "auto" (measured when
+        the engine starts), a number, or None (whole prompts up to max_num_batched_tokens a step).
     enable_prefix_caching: a prompt starting with tokens an earlier request computed (a system prompt,
         earlier chat turns) reuses their KV blocks instead of prefilling them (the same output either way).
     """
@@ -35,13 +37,14 @@ class LLM:
                  block_kernels: bool = True, num_threads: Optional[int] = None, kv_cache_gib: float = 1.0,
                  block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: Optional[int] = None, speculative: Union[dict, str, SpeculativeConfig, None] = None,
-                 guided_fast_forward: bool = True, enable_prefix_caching: bool = True):
+                 guided_fast_forward: bool = True, enable_prefix_caching: bool = True,
+                 prefill_chunk: Union[int, str, None] = "auto"):
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, device=device, block_kernels=block_kernels,
                               num_threads=num_threads),
             cache=CacheConfig(block_size=block_size, kv_cache_gib=kv_cache_gib, enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      max_model_len=max_model_len),
+                                      max_model_len=max_model_len, prefill_chunk=prefill_chunk),
             speculative=SpeculativeConfig.from_any(speculative),
             guided=GuidedConfig(fast_forward=guided_fast_forward),
         )

@@ -19,6 +19,7 @@ from ..sampling.sampler import make_generator, sample, token_logprobs
 from ..scheduler.scheduler import ScheduledRequest, Scheduler
 from ..spec import SpeculativeDecoder, Verified, calibrate, make_policy
 from ..types import FinishReason, Request, RequestStatus, SamplingParams, TokenOrigin
+from .chunking import measure_prefill_chunk
 from .guided import GuidedDecoding
 from .runner import ModelRunner, StepOutput
 from .threads import ThreadGovernor
@@ -89,8 +90,13 @@ class LLMEngine:
         # at every position (EAGLE) would miss theirs, so it turns caching off (self.prefix_caching says).
         self.prefix_caching = cc.enable_prefix_caching and not (self.speculator is not None
                                                                 and self.speculator.wants_hidden_states)
-        self.scheduler = Scheduler(BlockManager(num_blocks, cc.block_size, self.prefix_caching),
-                                   config.scheduler.max_num_seqs, config.scheduler.max_num_batched_tokens)
+        sc = config.scheduler
+        blocks = BlockManager(num_blocks, cc.block_size, self.prefix_caching)
+        self.prefill_chunk = sc.prefill_chunk  # SARATHI's chunk: "auto" measures this machine's
+        if sc.prefill_chunk == "auto":
+            key = (self.model_path, mc.resolved_dtype(), mc.device, mc.block_kernels, torch.get_num_threads())
+            self.prefill_chunk = measure_prefill_chunk(key, self.model, self.kv, blocks, sc.max_num_batched_tokens)
+        self.scheduler = Scheduler(blocks, sc.max_num_seqs, sc.max_num_batched_tokens, self.prefill_chunk)
         if spec_config is not None:
             if spec_config.fallback:
                 calibrate(self.speculator.costs, self.model, self.kv, self.scheduler.blocks, attention, plain,

@@ -1,8 +1,11 @@
 """Continuous batching: each step, decide how many new tokens every request brings.
 
-Running requests go first (a decode token, or the next prefill chunk), then waiting ones are
-admitted while the token budget, the sequence limit and free KV blocks allow. A prompt longer than
-the budget is prefilled in chunks. A request with draft tokens brings them too (1 + k tokens to
+Decode-maximal batching (SARATHI): running requests that decode go first (their token, and their
+drafts), then prompt chunks fill what is left of the step's prefill budget (`prefill_chunk`, measured
+on the machine: engine/chunking.py): running prefills first, then waiting requests admitted while the
+budget, the sequence limit and free KV blocks allow. So a long prompt arriving never stalls the
+running decodes for more than one chunk's pass, and a prompt longer than the budget is prefilled in
+chunks. A request with draft tokens brings them too (1 + k tokens to
 verify). As in vLLM v1, scheduling a request moves its `num_computed_tokens` past the step's tokens
 (the step computes them), and `keep_rows` moves it back over the rejected drafts after verification,
 freeing the blocks they alone used (a token tree's accepted path first moves up next to its root).
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ..kv.block_manager import BlockManager
 from ..types import Request, RequestStatus
@@ -40,10 +43,14 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 prefill_chunk: Optional[int] = None):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # prompt tokens per step, less the decodes' tokens but at least a block (prompts always move);
+        # None: whatever the step's budget leaves
+        self.prefill_chunk = prefill_chunk
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         # prefix caching, in tokens: looked up at admission, and found (vLLM's prefix_cache_queries / hits)
@@ -63,14 +70,23 @@ class Scheduler:
         kept: list[Request] = []
         for req in self.running:  # what the last step computed becomes shareable
             self._register(req)
-        queue = list(self.running)
+        # decodes first, then prefills (preemption takes from the end: a prefill before a decode)
+        queue = [r for r in self.running if _decoding(r)] + [r for r in self.running if not _decoding(r)]
+        prefill = None  # prompt tokens this step may still take, fixed once the decodes are in
         while queue and budget > 0:
             req = queue.pop(0)
+            if prefill is None and not _decoding(req):
+                prefill = self._prefill_budget(budget)
             # Draft tokens are just more tokens to compute; a budget too small for all of them drops them.
             n = req.num_tokens + req.num_draft_tokens - req.num_computed_tokens
             if n > budget:
                 req.draft = None
                 n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if prefill is not None:
+                n = min(n, prefill)
+                if n == 0:  # out of prefill budget: it waits a step, blocks kept
+                    kept.append(req)
+                    continue
             while not self.blocks.can_allocate(req.block_table, req.num_computed_tokens + n):
                 victim = queue.pop() if queue else None
                 if victim is None:  # nothing left to preempt but this request itself
@@ -84,10 +100,14 @@ class Scheduler:
             out.scheduled.append(self._computes(req, n))
             kept.append(req)
             budget -= n
+            if prefill is not None:
+                prefill -= n
         kept.extend(queue)  # out of token budget: they wait one step, blocks kept
         self.running = kept
 
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+        if prefill is None:
+            prefill = self._prefill_budget(budget)
+        while self.waiting and min(budget, prefill) > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             req = self.waiting[0]
             if not req.block_table:  # its longest cached prefix (the last token is always computed: its logits)
                 req.block_table = self.blocks.match_prefix(req.all_token_ids, req.num_tokens - 1)
@@ -97,7 +117,7 @@ class Scheduler:
                 if self.blocks.enable_prefix_caching:
                     self.prefix_queries += req.num_tokens - 1
                     self.prefix_hits += req.num_computed_tokens
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = min(req.num_tokens - req.num_computed_tokens, budget, prefill)
             if not self.blocks.can_allocate(req.block_table, req.num_computed_tokens + n):
                 self.blocks.free(req.block_table)  # cached blocks go back to the LRU list, still cached
                 req.num_computed_tokens = 0
@@ -108,11 +128,19 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append(self._computes(req, n))
             budget -= n
+            prefill -= n
         if not out.scheduled and self.waiting and not self.running:
             req = self.waiting[0]
             raise RuntimeError(f"request {req.request_id} needs more KV blocks than the cache has "
                                f"({self.blocks.num_blocks} blocks of {self.blocks.block_size}); raise kv_cache_gib")
         return out
+
+    def _prefill_budget(self, budget: int) -> int:
+        """Prompt tokens this step may take once the decodes are in (budget: what they left)."""
+        if self.prefill_chunk is None:
+            return budget
+        used = self.max_num_batched_tokens - budget
+        return min(budget, max(self.prefill_chunk - used, self.blocks.block_size))
 
     @staticmethod
     def _computes(req: Request, n: int) -> ScheduledRequest:
@@ -188,3 +216,8 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         if req in self.running:
             self.running.remove(req)
+
+
+def _decoding(req: Request) -> bool:
+    """Past its prompt: its step is a decode (its token, drafts, forced tokens), not a prompt chunk."""
+    return req.num_computed_tokens >= req.num_prompt_tokens

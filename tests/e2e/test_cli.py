@@ -124,6 +124,17 @@ def test_bench_prefix_writes_ttft_with_and_without_the_cache(tmp_path):
     assert list(tmp_path.glob("prefix-*.md")) and list(tmp_path.glob("prefix-*.png"))
 
 
+def test_bench_sarathi_writes_latencies_for_chunked_and_whole_prompt_prefill(tmp_path):
+    import json
+    r = run("bench", "sarathi", "--decoders", "2", "--max-tokens", "12", "--long", "1", "--long-tokens", "200",
+            "--first-arrival", "0.05", "--rounds", "1", "--kv-cache-gib", "0.25", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(next(tmp_path.glob("sarathi-*.json")).read_text())
+    assert got["prefill_chunk"]["whole-prompt prefill"] is None and got["prefill_chunk"]["chunked (SARATHI)"] >= 16
+    assert all(e["complete"] and e["itl_p99_ms"] > 0 for e in got["engines"].values())
+    assert list(tmp_path.glob("sarathi-*.md")) and list(tmp_path.glob("sarathi-*.png"))
+
+
 def test_plan_prints_placement_and_writes_json(tmp_path):
     import json
     out = tmp_path / "plan.json"

@@ -27,13 +27,17 @@ def stepwise_logits(llm, ids, n_decode):
     token per step (the block-kernel path), all through the paged cache."""
     eng = llm.engine
     bs = eng.kv.block_size
-    table = list(range(-(-len(ids) // bs)))
+    table: list[int] = []  # blocks of its own (others may hold the prefix cache's KV)
+    eng.scheduler.blocks.allocate(table, len(ids))
     out, start = [], 0
-    for n in [len(ids) - n_decode] + [1] * n_decode:
-        meta = AttentionMetadata.build([n], [start + n], [table], bs, eng.device)
-        out.append(eng.model.forward(torch.tensor(ids[start:start + n]), torch.arange(start, start + n), meta,
-                                     eng.kv.k, eng.kv.v, torch.arange(n)))
-        start += n
+    try:
+        for n in [len(ids) - n_decode] + [1] * n_decode:
+            meta = AttentionMetadata.build([n], [start + n], [table], bs, eng.device)
+            out.append(eng.model.forward(torch.tensor(ids[start:start + n]), torch.arange(start, start + n), meta,
+                                         eng.kv.k, eng.kv.v, torch.arange(n)))
+            start += n
+    finally:
+        eng.scheduler.blocks.free(table)
     return torch.cat(out)
 
 

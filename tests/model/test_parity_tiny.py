@@ -20,11 +20,15 @@ def engine_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
     """All-position logits [T, vocab] of one sequence through the engine's model and paged cache."""
     eng = llm.engine
     block_size = eng.kv.block_size
-    table = list(range(-(-len(ids) // block_size)))
-    meta = AttentionMetadata.build([len(ids)], [len(ids)], [table], block_size, eng.device)
-    dev = eng.device
-    return eng.model.forward(torch.tensor(ids, device=dev), torch.arange(len(ids), device=dev), meta, eng.kv.k,
-                             eng.kv.v, torch.arange(len(ids), device=dev))
+    table: list[int] = []  # blocks of its own (others may hold the prefix cache's KV)
+    eng.scheduler.blocks.allocate(table, len(ids))
+    try:
+        meta = AttentionMetadata.build([len(ids)], [len(ids)], [table], block_size, eng.device)
+        dev = eng.device
+        return eng.model.forward(torch.tensor(ids, device=dev), torch.arange(len(ids), device=dev), meta, eng.kv.k,
+                                 eng.kv.v, torch.arange(len(ids), device=dev))
+    finally:
+        eng.scheduler.blocks.free(table)
 
 
 @pytest.fixture(scope="module", params=list(KINDS))

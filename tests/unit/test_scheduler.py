@@ -153,3 +153,42 @@ def test_keep_rows_moves_a_tree_path_next_to_its_root_and_rolls_back_the_rest():
     assert s.keep_rows(r, 5, [0, 1]) == [] and r.num_computed_tokens == 7
     with pytest.raises(ValueError, match="cannot keep rows"):
         s.keep_rows(r, 5, [0, 2, 1])
+
+
+def test_sarathi_decodes_first_then_one_chunk_of_prompt_within_the_prefill_budget():
+    s = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=100, prefill_chunk=12)
+    decs = [req(i, 3) for i in range(3)]
+    for d in decs:
+        s.add(d)
+    advance(s.schedule())  # 9 prompt tokens: within the chunk
+    long_ = req(9, 40)
+    s.add(long_)
+    out = s.schedule()
+    # the three decodes (1 token each), then 12 - 3 = 9 prompt tokens
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("0", 1), ("1", 1), ("2", 1), ("9", 9)]
+    advance(out)
+    out = s.schedule()  # and again: the prompt moves one chunk a step beside the decodes
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("0", 1), ("1", 1), ("2", 1), ("9", 9)]
+
+
+def test_sarathi_prompts_move_by_at_least_a_block_when_decodes_fill_the_chunk():
+    s = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=100, prefill_chunk=2)
+    decs = [req(i, 1) for i in range(3)]
+    for d in decs:
+        s.add(d)
+    out = s.schedule()
+    assert [x.num_new_tokens for x in out.scheduled] == [1, 1, 1]  # a chunk of 2 is less than a block (4)
+    advance(out)
+    s.add(req(9, 10))
+    out = s.schedule()
+    # the decodes' 3 tokens exceed the chunk: the prompt still takes a block's worth
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("0", 1), ("1", 1), ("2", 1), ("9", 4)]
+
+
+def test_without_a_chunk_whole_prompts_fill_the_step_budget():
+    s = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=100)
+    a = req(0, 3)
+    s.add(a)
+    advance(s.schedule())
+    s.add(req(1, 60))
+    assert [x.num_new_tokens for x in s.schedule().scheduled] == [1, 60]

@@ -1,0 +1,51 @@
+"""The prefill chunk for decode-maximal batching (SARATHI), measured on this machine.
+
+SARATHI splits prompts into chunks that ride with the running decodes, so a long prompt never stalls
+them for a whole prefill. The chunk should be as small as possible (each step with a chunk delays
+every running sequence's next token by the chunk's pass) and as large as needed for prefill to run
+at full rate (a pass has a fixed cost: reading every weight once). On a GPU the knee is where the
+hybrid batch saturates compute; on this CPU it is where the per-token cost of a prompt pass stops
+falling. So: time prompt passes of a few sizes once per process and model, and take the smallest
+whose tokens per second are within `tolerance` of the best measured.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..attention.paged import AttentionMetadata
+
+SIZES = (16, 32, 64, 128, 256)  # prompt tokens per timed pass (capped by the step's token budget)
+_measured: dict[tuple, int] = {}  # (model, dtype, device, threads, budget) -> chunk: once per process
+
+
+def measure_prefill_chunk(key: tuple, model, kv, blocks, max_tokens: int, tolerance: float = 0.1) -> int:
+    """The prefill chunk for this machine (see the module doc). key identifies the model setup (the
+    measurement is kept for the process); kv: the target's KVCache; blocks: its BlockManager (a
+    scratch table is taken and given back); max_tokens: the scheduler's token budget per step."""
+    key = key + (max_tokens,)
+    if key in _measured:
+        return _measured[key]
+    sizes = [n for n in SIZES if n <= max_tokens] or [max_tokens]
+    table: list[int] = []
+    if not blocks.can_allocate(table, max(sizes)):
+        return max(sizes)
+    blocks.allocate(table, max(sizes))
+    dev = model.device
+    rate = {}
+    try:
+        for n in [sizes[0]] + sizes:  # the first pass warms up
+            meta = AttentionMetadata.build([n], [n], [table], kv.block_size, dev, mode="split")
+            ids = torch.zeros(n, dtype=torch.long, device=dev)
+            t0 = time.perf_counter()
+            model.forward(ids, torch.arange(n, device=dev), meta, kv.k, kv.v, torch.tensor([n - 1], device=dev))
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            rate[n] = max(rate.get(n, 0.0), n / (time.perf_counter() - t0))  # tokens per second
+    finally:
+        blocks.free(table)
+    best = max(rate.values())
+    chunk = min(n for n in sizes if rate[n] >= (1 - tolerance) * best)
+    _measured[key] = chunk
+    return chunk
