@@ -205,13 +205,15 @@ class Scheduler:
         return copies
 
     def abort(self, req: Request) -> None:
-        """Drop req wherever it is (waiting or running) and free its blocks."""
+        """Drop req wherever it is (waiting or running) and free its blocks, registering none of them: an
+        abort may come from a step that failed midway, whose scheduled tokens were never computed."""
         if req in self.waiting:
             self.waiting.remove(req)
-        self.finish(req)
+        self.finish(req, register=False)
 
-    def finish(self, req: Request) -> None:
-        self._register(req)
+    def finish(self, req: Request, register: bool = True) -> None:
+        if register:
+            self._register(req)
         self.blocks.free(req.block_table)
         req.status = RequestStatus.FINISHED
         if req in self.running:

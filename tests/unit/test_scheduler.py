@@ -192,3 +192,19 @@ def test_without_a_chunk_whole_prompts_fill_the_step_budget():
     advance(s.schedule())
     s.add(req(1, 60))
     assert [x.num_new_tokens for x in s.schedule().scheduled] == [1, 60]
+
+
+def test_an_aborted_request_leaves_nothing_in_the_prefix_cache():
+    """An abort may follow a step that failed midway: the tokens it scheduled were never computed."""
+    bm = BlockManager(16, 4, enable_prefix_caching=True)
+    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    a = req(0, 9)
+    s.add(a)
+    s.schedule()  # 9 tokens scheduled: 2 full blocks, then the step fails
+    s.abort(a)
+    assert bm.num_cached_blocks == 0
+    b = req(1, 9)
+    s.add(b)
+    advance(s.schedule())
+    s.finish(b)  # computed, finished: its 2 full blocks are offered
+    assert bm.num_cached_blocks == 2
