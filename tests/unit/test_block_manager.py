@@ -91,10 +91,13 @@ def test_prefix_blocks_are_shared_after_registration_and_only_whole_matching_blo
 def test_same_block_tokens_after_another_prefix_do_not_match():
     """Keys chain by the parent block: equal tokens after a different prefix are other KV."""
     bm = BlockManager(num_blocks=8, block_size=2, enable_prefix_caching=True)
-    t, a = [1, 2, 3, 4], []
+    t, u, a, b = [1, 2, 3, 4], [5, 6, 7, 8], [], []
     bm.allocate(a, 4)
+    bm.allocate(b, 4)
     bm.register(a, _seq(t), 4)
-    assert bm.match_prefix([5, 6, 3, 4], 4) == []
+    bm.register(b, _seq(u), 4)
+    # (7, 8) is cached, but after (5, 6): after (1, 2) it is other KV
+    assert bm.match_prefix([1, 2, 7, 8], 4) == a[:1]
     assert bm.match_prefix([1, 2, 3, 4], 4) == a
 
 
