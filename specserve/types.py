@@ -272,6 +272,11 @@ class Request:
         return 0 if self.draft is None else len(self.draft.tokens)
 
     @property
+    def past_prompt(self) -> bool:
+        """Its prompt is computed: a step of it decodes (its token, drafts, forced tokens), not a prompt chunk."""
+        return self.num_computed_tokens >= len(self.prompt_token_ids)
+
+    @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 

@@ -10,11 +10,7 @@ whose tokens per second are within `tolerance` of the best measured.
 """
 from __future__ import annotations
 
-import time
-
-import torch
-
-from ..attention.paged import AttentionMetadata
+from ..spec import time_pass
 
 SIZES = (16, 32, 64, 128, 256)  # prompt tokens per timed pass (capped by the step's token budget)
 _measured: dict[tuple, int] = {}  # (model, dtype, device, threads, budget) -> chunk: once per process
@@ -32,17 +28,10 @@ def measure_prefill_chunk(key: tuple, model, kv, blocks, max_tokens: int, tolera
     if not blocks.can_allocate(table, max(sizes)):
         return max(sizes)
     blocks.allocate(table, max(sizes))
-    dev = model.device
-    rate = {}
+    rate: dict[int, float] = {}  # tokens per second
     try:
         for n in [sizes[0]] + sizes:  # the first pass warms up
-            meta = AttentionMetadata.build([n], [n], [table], kv.block_size, dev, mode="split")
-            ids = torch.zeros(n, dtype=torch.long, device=dev)
-            t0 = time.perf_counter()
-            model.forward(ids, torch.arange(n, device=dev), meta, kv.k, kv.v, torch.tensor([n - 1], device=dev))
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            rate[n] = max(rate.get(n, 0.0), n / (time.perf_counter() - t0))  # tokens per second
+            rate[n] = max(rate.get(n, 0.0), n / time_pass(model, kv, table, n, every_row=False))
     finally:
         blocks.free(table)
     best = max(rate.values())

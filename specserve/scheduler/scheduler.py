@@ -71,11 +71,11 @@ class Scheduler:
         for req in self.running:  # what the last step computed becomes shareable
             self._register(req)
         # decodes first, then prefills (preemption takes from the end: a prefill before a decode)
-        queue = [r for r in self.running if _decoding(r)] + [r for r in self.running if not _decoding(r)]
+        queue = [r for r in self.running if r.past_prompt] + [r for r in self.running if not r.past_prompt]
         prefill = None  # prompt tokens this step may still take, fixed once the decodes are in
         while queue and budget > 0:
             req = queue.pop(0)
-            if prefill is None and not _decoding(req):
+            if prefill is None and not req.past_prompt:
                 prefill = self._prefill_budget(budget)
             # Draft tokens are just more tokens to compute; a budget too small for all of them drops them.
             n = req.num_tokens + req.num_draft_tokens - req.num_computed_tokens
@@ -219,7 +219,3 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
 
-
-def _decoding(req: Request) -> bool:
-    """Past its prompt: its step is a decode (its token, drafts, forced tokens), not a prompt chunk."""
-    return req.num_computed_tokens >= req.num_prompt_tokens

@@ -222,6 +222,27 @@ def _between_keys(keys: list[int], x: int) -> bool:
     return len(keys) >= 2 and keys[0] < x < keys[-1]
 
 
+def time_pass(model, kv, table: list[int], n: int, context: int = 0, mode: str = "split", repeats: int = 1,
+              every_row: bool = True) -> float:
+    """Seconds of the fastest of `repeats` bare target passes over n rows at positions context ..
+    context + n - 1 (table: a scratch block table holding them; every_row: logits at every row, as a
+    verify span needs, else at the last only, as a prompt chunk)."""
+    dev = model.device
+    meta = AttentionMetadata.build([n], [context + n], [table], kv.block_size, dev, mode=mode)
+    ids = torch.zeros(n, dtype=torch.long, device=dev)
+    pos = torch.arange(context, context + n, device=dev)
+    rows = torch.arange(n, device=dev) if every_row else torch.tensor([n - 1], device=dev)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        logits = model.forward(ids, pos, meta, kv.k, kv.v, rows)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+        del logits
+    return best
+
+
 def calibrate(costs: CostModel, model, kv, blocks, attention: str, plain_attention: str, max_rows: int,
               context: int = 128, rows=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)) -> None:
     """Time bare target passes over 1..64 rows once, so the cost model starts from measured numbers
@@ -233,21 +254,9 @@ def calibrate(costs: CostModel, model, kv, blocks, attention: str, plain_attenti
     if not rows or not blocks.can_allocate(table, context + max(rows)):
         return
     blocks.allocate(table, context + max(rows))
-    dev = model.device
     try:
         for n in [1] + rows:  # the first pass warms up
-            meta = AttentionMetadata.build([n], [context + n], [table], kv.block_size, dev,
-                                           mode=attention if n > 1 else plain_attention)
-            ids = torch.zeros(n, dtype=torch.long, device=dev)
-            pos = torch.arange(context, context + n, device=dev)
-            best = float("inf")
-            for _ in range(3):  # the fastest of three: a one-off stall would bend the whole curve
-                t0 = time.perf_counter()
-                logits = model.forward(ids, pos, meta, kv.k, kv.v, torch.arange(n, device=dev))
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                best = min(best, time.perf_counter() - t0)
-                del logits
-            costs.record_calibration(n, best)
+            # the fastest of three: a one-off stall would bend the whole curve
+            costs.record_calibration(n, time_pass(model, kv, table, n, context, attention if n > 1 else plain_attention, 3))
     finally:
         blocks.free(table)

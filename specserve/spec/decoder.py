@@ -412,5 +412,4 @@ def _decoding(r: Request) -> bool:
     tokens appended without a pass (grammar-forced ones, fast-forwarded), which the verify span then
     computes before the draft, like one-hot drafts accepted with certainty (drafters that need the
     target's state at the last token, EAGLE, skip such a step: they have it only for computed rows)."""
-    return (r.status == RequestStatus.RUNNING and r.num_computed_tokens >= r.num_prompt_tokens
-            and r.num_tokens > r.num_computed_tokens)
+    return r.status == RequestStatus.RUNNING and r.past_prompt and r.num_tokens > r.num_computed_tokens
