@@ -75,6 +75,12 @@ class DraftingStep:
     shape: str = "chain"  # what was drafted: "chain" or "tree"
 
 
+# The acceptance rate of a predictable stretch (code, repeated text) with the shipped EAGLE draft: its
+# first-position acceptance on HumanEval was 0.64-0.84 (bench/results/spec-cpu-20261124-080855.md).
+# A seeded request drafts only where the calibration says drafting pays at this rate.
+OPTIMISTIC_ALPHA = 0.8
+
+
 class SpeculativeDecoder:
     def __init__(self, drafter: Drafter, make_policy: Callable[[], DraftLengthPolicy], fallback: bool = True,
                  retry_every: int = 4, retry_max: int = 16, prior_alpha: float = 0.5, shape: str = "chain",
@@ -85,12 +91,17 @@ class SpeculativeDecoder:
         self.explore_every, self._auto_steps = explore_every, 0
         self.policy = make_policy()  # shared by the batch, as BASS adapts one length for all
         # A seeded sampled request gets a policy of its own, and its fallback looks only at its own
-        # acceptance and the start-up calibration at batch 1: its draft lengths, and so its random
-        # draws, then depend on its own tokens (not on the batch or on live timings), and the seed
+        # acceptance and the start-up calibration at the batch of its own samples: its draft lengths,
+        # and so its random draws, then depend on its own tokens and parameters (not on the batch's
+        # other requests or on live timings), and the seed
         # reproduces it within one LLM (another LLM's calibration may choose other lengths: the same
         # distribution, other draws; fallback=False makes it identical across instances too).
         self.own_policies: dict[str, DraftLengthPolicy] = {}
+        # and, while its fallback keeps it plain, (plain steps in a row, steps before a probe): as the
+        # shared retry below, from its own steps only
+        self._own_plain: dict[str, tuple[int, int]] = {}
         # A weak prior so the first steps already weigh drafting against plain decoding.
+        self.prior_alpha = prior_alpha
         self.costs = CostModel(prior_alpha=prior_alpha)
         self.stats = SpecStats()
         # After retry plain steps in a row, one drafting step measures again whether drafting pays;
@@ -133,8 +144,7 @@ class SpeculativeDecoder:
                 policy = self.own_policies.setdefault(r.request_id, self.make_policy())
                 k = policy.draft_len()
                 if self.fallback:  # from the request's own acceptance and the fixed calibration only
-                    k = self.costs.best_len(1, k, alpha=_own_alpha(r), calibrated_only=True)
-                    k = policy.draft_len() if k is None else k
+                    k = self._own_len(r, k)
                 if k:
                     same_len.setdefault((k, policy.min_confidence), []).append(r)
         for (k, min_confidence), group in same_len.items():
@@ -380,9 +390,36 @@ class SpeculativeDecoder:
         """Forget the drafting of a step that never completed (aborted): it must not be measured."""
         self._step = None
 
+    def _own_len(self, r: Request, k: int) -> int:
+        """A seeded request's draft length, from the start-up calibration at the batch of its own
+        samples (n or best_of run together; other requests' company must not change its draws): none
+        where drafting would not pay even for a predictable sequence (OPTIMISTIC_ALPHA); else a full
+        draft first, then what its own acceptance (with a weak prior) predicts. After a run of plain
+        steps, one drafting step measures again (without it, one unlucky first draft left a sequence
+        plain to its end: alpha 0 predicts no gain)."""
+        batch = r.params.num_samples
+        could = self.costs.best_len(batch, k, alpha=OPTIMISTIC_ALPHA, calibrated_only=True)
+        if could is None:  # not calibrated
+            return k
+        if not could:
+            return 0
+        if not r.spec_drafted:
+            return k
+        best = self.costs.best_len(batch, k, alpha=_own_alpha(r, self.prior_alpha), calibrated_only=True)
+        if best:
+            self._own_plain.pop(r.request_id, None)
+            return best
+        since, retry = self._own_plain.get(r.request_id, (0, self.retry_every))
+        if since + 1 >= retry:  # probe; the next wait doubles unless the probe's acceptance lifts alpha
+            self._own_plain[r.request_id] = (0, min(2 * retry, self.retry_max))
+            return k
+        self._own_plain[r.request_id] = (since + 1, retry)
+        return 0
+
     def release(self, request: Request) -> None:
         request.draft = None
         self.own_policies.pop(request.request_id, None)
+        self._own_plain.pop(request.request_id, None)
         self.drafter.release(request)
 
     def hierarchy(self) -> dict:
@@ -400,11 +437,12 @@ class SpeculativeDecoder:
         return t_draft / t_target if t_draft and t_target else None
 
 
-def _own_alpha(r: Request) -> Optional[float]:
-    """A request's own acceptance estimate from its verify steps (None before the first)."""
+def _own_alpha(r: Request, prior: float) -> float:
+    """A request's own acceptance estimate from its verify steps: accepted tokens over accepted tokens
+    and rejections, with `prior` worth 2 pseudo-tokens (as CostModel's; the prior alone before any)."""
     accepted = sum(r.spec_accepted)
     rejections = sum(a < n for a, n in zip(r.spec_accepted, r.spec_drafted))
-    return accepted / (accepted + rejections) if accepted + rejections else None
+    return (accepted + 2 * prior) / (accepted + rejections + 2)
 
 
 def _decoding(r: Request) -> bool:

@@ -35,3 +35,23 @@ def test_same_seed_same_tokens_and_frequencies_follow_probs():
     freq = torch.bincount(torch.tensor(a), minlength=3).float() / len(a)
     # 2000 draws: standard error ~0.01, so 0.05 is > 4 sigma
     assert torch.allclose(freq, torch.tensor([0.7, 0.2, 0.1]), atol=0.05)
+
+
+def test_top_p_from_the_likeliest_candidates_equals_a_full_sort():
+    """warp_logits takes the nucleus from the top TOP_P_CANDIDATES tokens, sorting the whole vocabulary
+    only for rows whose nucleus reaches past them: the same kept tokens and probabilities as a sort."""
+    def reference(probs, top_p):  # the plain way: sort everything
+        vals, order = torch.sort(probs, dim=-1, descending=True)
+        drop = (torch.cumsum(vals, dim=-1) - vals) >= top_p
+        kept = torch.zeros_like(probs).scatter_(-1, order, vals.masked_fill(drop, 0.0))
+        return kept / kept.sum(dim=-1, keepdim=True)
+
+    g = torch.Generator().manual_seed(0)
+    peaked = torch.randn(6, 49152, generator=g) * 4  # nucleus of a few hundred tokens: the candidates hold it
+    flat = torch.randn(2, 49152, generator=g) * 0.1  # nucleus of ~45k tokens: the full sort
+    for logits in (peaked, flat, torch.cat([peaked[:3], flat[:1]])):
+        for top_p in (0.5, 0.9, 0.95):
+            got = warp_logits(logits, SamplingParams(temperature=0.8, top_p=top_p))
+            want = reference(torch.softmax(logits / 0.8, dim=-1), top_p)
+            assert torch.equal(got > 0, want > 0)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-9)

@@ -353,3 +353,46 @@ def test_while_drafting_pays_one_plain_step_in_plain_every_re_measures_plain_ste
         pattern.append("D" if r.draft is not None else ".")
     assert "".join(pattern) == "DDD.DDD."
     assert spec.stats.fallback_steps == 2
+
+
+def test_a_seeded_request_keeps_probing_after_rejections_and_its_prior_softens_one_bad_draft():
+    """A seeded sampled request's fallback looks at its own acceptance only. One rejected first draft
+    (0 of 7) used to make alpha 0 and leave the sequence plain to its end; with a weak prior it still
+    drafts, and after many rejections it probes again, less often each time."""
+    from specserve.drafters.base import Draft, Drafter, Proposal
+    from specserve.spec import SpeculativeDecoder
+    from specserve.types import Request, RequestStatus, SamplingParams
+
+    class Always(Drafter):
+        def propose(self, requests, max_len, min_confidence=None, tree=None):
+            return Proposal([Draft([1] * max_len, None, [0.9] * max_len) for _ in requests])
+
+    def seeded(drafted, accepted, best_of=None):
+        r = Request("s", [5, 6, 7], SamplingParams(temperature=0.8, max_tokens=64, best_of=best_of), seed=3)
+        r.output_token_ids = [8]
+        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
+        r.spec_drafted, r.spec_accepted = drafted, accepted
+        return r
+
+    spec = SpeculativeDecoder(Always(), lambda: make_policy("fixed", 4), retry_every=2, retry_max=8)
+    for rows in range(1, 9):  # a further verify row costs a twentieth of a pass; drafting is cheap
+        spec.costs.record_calibration(rows, (10 + 0.5 * (rows - 1)) / 1e3)
+    for rows in (16, 32, 48, 64, 80):  # past 8 rows the CPU is compute-bound: a millisecond a row
+        spec.costs.record_calibration(rows, rows / 1e3)
+    spec.costs.record_draft(1, 1e-3)
+
+    def pattern(r, steps):
+        out = ""
+        for _ in range(steps):
+            r.draft = None
+            spec._step = None
+            spec.propose([r])
+            out += "D" if r.draft is not None else "."
+        return out
+
+    assert pattern(seeded([7], [0]), 3) == "DDD"  # one bad draft: alpha (0 + 1) / (1 + 2), drafting still pays
+    hopeless = seeded([4] * 30, [0] * 30)  # alpha 1/32: plain, with probes after 2, 4, 8, 8 plain steps
+    assert pattern(hopeless, 26) == ".D...D.......D.......D...."
+    # 16 samples run together: priced at batch 16, where verify rows are dear, so plain and no probes
+    assert pattern(seeded([7], [0], best_of=16), 12) == "." * 12
+    assert pattern(seeded([], [], best_of=16), 3) == "..."
