@@ -5,7 +5,8 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 
-.PHONY: run test lint bench clean llamacpp
+.PHONY: run test test-browser lint bench clean llamacpp
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,6 +28,13 @@ run: $(STAMP)
 
 test: $(DEVSTAMP)
 	$(BIN)/python -m pytest -q -x tests
+
+# The playground page in headless Chromium (Debian's packages); its screenshot is the README's.
+test-browser: $(DEVSTAMP)
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium chromium-driver; }
+	$(BIN)/pip install -q -e '.[browser]'
+	SPECSERVE_SCREENSHOT=docs/playground.png $(BIN)/python -m pytest -q tests/e2e/test_playground.py
 
 bench: $(DEVSTAMP)
 	$(BIN)/specserve bench decode

@@ -1,6 +1,7 @@
 """Showing who proposed each output token (CompletionOutput.origins), as the staged speculative
 decoding paper's Figure 3 does: the text cut into runs of one origin, coloured in a terminal (ANSI) or
-on an HTML page. Torch-free; the CLI (`generate --show-origins`) and the bench use it.
+on an HTML page. Torch-free; the CLI (`generate --show-origins`), the bench and the server's streamed
+answers (the playground colours them) use it.
 
 A token's text is what the incremental detokenizer emits when the token arrives (a token that ends
 inside a UTF-8 character shows nothing and the next one carries the character), so the runs' texts
@@ -25,22 +26,34 @@ STYLE = {
 RESET = "\033[0m"
 
 
+class OriginRuns:
+    """runs() a step at a time (the server's streamed answers): push each delta's new tokens and
+    origins, get their runs; the runs of all pushes join up to the whole output's text."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        from .loading.tokenizer import IncrementalDetokenizer
+        self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
+        self.ids: list[int] = []
+
+    def push(self, token_ids: Sequence[int], origins: Sequence[str]) -> list[tuple[str, TokenOrigin]]:
+        if len(token_ids) != len(origins):
+            raise ValueError(f"{len(token_ids)} tokens but {len(origins)} origins")
+        out: list[tuple[str, TokenOrigin]] = []
+        for tok, origin in zip(token_ids, origins):
+            origin = TokenOrigin(origin)
+            self.ids.append(tok)
+            text = self.detok.step(self.ids)
+            if out and out[-1][1] == origin:
+                out[-1] = (out[-1][0] + text, origin)
+            elif text:
+                out.append((text, origin))
+        return out
+
+
 def runs(tokenizer, token_ids: Sequence[int], origins: Sequence[str],
          skip_special_tokens: bool = True) -> list[tuple[str, TokenOrigin]]:
     """[(text, origin)] for consecutive tokens of one origin, in order."""
-    if len(token_ids) != len(origins):
-        raise ValueError(f"{len(token_ids)} tokens but {len(origins)} origins")
-    from .loading.tokenizer import IncrementalDetokenizer
-    detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
-    out: list[tuple[str, TokenOrigin]] = []
-    for i, origin in enumerate(origins):
-        origin = TokenOrigin(origin)
-        text = detok.step(token_ids[:i + 1])
-        if out and out[-1][1] == origin:
-            out[-1] = (out[-1][0] + text, origin)
-        elif text:
-            out.append((text, origin))
-    return out
+    return OriginRuns(tokenizer, skip_special_tokens).push(token_ids, origins)
 
 
 def shares(origins: Sequence[str]) -> dict[str, float]:

@@ -55,6 +55,12 @@ class SamplingParams:
     guided_regex: Optional[str] = None
     guided_choice: Optional[Sequence[str]] = None
     guided_grammar: Optional[str] = None
+    # n-best (OpenAI's best_of; BASS section 4.5's time budget): draw best_of samples (default n) and
+    # answer with the n of highest mean log-probability (raw model distribution), best first; with a
+    # deadline, samples still running best_of_deadline_s seconds after arrival stop there and the answer
+    # holds those finished by then (if none did, the stopped ones, finish_reason "deadline").
+    best_of: Optional[int] = None
+    best_of_deadline_s: Optional[float] = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -79,8 +85,15 @@ class SamplingParams:
             raise ValueError(f"top_k must be an integer: -1 or 0 (off) or >= 1, got {self.top_k!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED - (self.n - 1)):
-            raise ValueError(f"seed must be an integer in [0, {MAX_SEED - (self.n - 1)}] (sample i uses seed + i), got {self.seed!r}")
+        if self.best_of is not None and (not _is_int(self.best_of) or self.best_of < self.n):
+            raise ValueError(f"best_of must be an integer >= n ({self.n}), got {self.best_of!r}")
+        if self.best_of_deadline_s is not None and (not _is_real(self.best_of_deadline_s)
+                                                    or not math.isfinite(self.best_of_deadline_s)
+                                                    or self.best_of_deadline_s <= 0):
+            raise ValueError(f"best_of_deadline_s must be a number of seconds > 0, got {self.best_of_deadline_s!r}")
+        last = MAX_SEED - (self.num_samples - 1)
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= last):
+            raise ValueError(f"seed must be an integer in [0, {last}] (sample i uses seed + i), got {self.seed!r}")
         if self.speculative is not None and self.speculative is not False:
             raise ValueError(f"speculative must be None (the engine decides) or False (never draft), got {self.speculative!r}")
         if not isinstance(self.stop, (list, tuple)) or not isinstance(self.stop_token_ids, (list, tuple)):
@@ -123,8 +136,23 @@ class SamplingParams:
         return None
 
     @property
+    def num_samples(self) -> int:
+        """Samples drawn: best_of, else n."""
+        return self.n if self.best_of is None else self.best_of
+
+    @property
+    def ranked(self) -> bool:
+        """The answer is the best n samples by mean log-probability (engine/nbest.py), not all in order."""
+        return self.best_of is not None or self.best_of_deadline_s is not None
+
+    @property
     def wants_logprobs(self) -> bool:
         return self.logprobs is not False
+
+    @property
+    def needs_logprobs(self) -> bool:
+        """The engine computes the chosen tokens' log-probabilities: asked for, or to rank the samples."""
+        return self.wants_logprobs or self.ranked
 
     @property
     def num_top_logprobs(self) -> int:
@@ -146,6 +174,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or the context limit
     ABORT = "abort"  # LLMEngine.abort: the caller gave up on it (an exception, Ctrl-C, a client gone)
+    DEADLINE = "deadline"  # SamplingParams.best_of_deadline_s passed before it finished
 
 
 class TokenOrigin(str, enum.Enum):
@@ -308,13 +337,14 @@ class CompletionOutput:
     accepted_per_step: Optional[list[int]] = None  # speculative decoding: drafts accepted at each verify step
     drafted_per_step: Optional[list[int]] = None  # and drafts proposed
     origins: Optional[list[str]] = None  # per token, who proposed it: a TokenOrigin value ("target", "draft", ...)
+    cumulative_logprob: Optional[float] = None  # the sum of the tokens' log-probabilities, where computed (vLLM's field)
 
 
 @dataclass(frozen=True)
 class StreamDelta:
     """What one sample of a request gained in one engine step (AsyncLLM.generate yields these)."""
 
-    index: int  # the sample (0..n-1)
+    index: int  # the sample (0..n-1); for ranked params (best_of, a deadline) its rank, 0 the best
     text: str  # new text (held back while it could still become a stop string)
     token_ids: list[int]  # new token ids
     logprobs: Optional[list[float]] = None  # theirs, where SamplingParams.logprobs asks

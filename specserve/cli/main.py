@@ -110,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    g.add_argument("--best-of", type=positive_int, default=None,
+                   help="draw this many samples and print the n of highest mean log-probability, best first")
+    g.add_argument("--best-of-deadline-s", type=float, default=None,
+                   help="a time budget: samples still running after this many seconds stop; the best of those "
+                        "finished by then are printed (BASS section 4.5)")
     g.add_argument("--show-origins", action="store_true",
                    help="print the answer coloured by who proposed each token (the target, the draft model, lookup, "
                         "n-gram, grammar) once it is done, instead of streaming it")
@@ -222,6 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("--out", default="bench/results")
     add_model_args(sa)
 
+    nb = bsub.add_parser("nbest", help="BASS section 4.5: HumanEval Pass@First / Pass@All within a time budget vs batch "
+                                       "size, regular vs speculative")
+    nb.add_argument("--problems", type=positive_int, default=40, help="the first N HumanEval problems")
+    nb.add_argument("--budget", type=positive_float, default=2.0, help="seconds per problem (best_of_deadline_s)")
+    nb.add_argument("--batch-sizes", default="1,2,4,8,16", help="samples per problem")
+    nb.add_argument("--max-tokens", type=positive_int, default=300)
+    nb.add_argument("--temperature", type=temperature, default=0.8)
+    nb.add_argument("--speculative", choices=DRAFTERS.names(), default="draft", help="the speculative engine's method")
+    nb.add_argument("--out", default="bench/results")
+    add_model_args(nb)
+
     sp = bsub.add_parser("spec", help="speculative vs regular decoding: the BASS tables, ablations, Pass@1, peers")
     sp.add_argument("--batch-sizes", default="1,2,4,8,16")
     sp.add_argument("--settings", default="greedy,sampling", help="greedy and/or sampling (T=0.2, top-p 0.95), or none")
@@ -293,15 +309,15 @@ def cmd_generate(args) -> int:
 
     params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
-                            **guided_from_args(args))
+                            best_of=args.best_of, best_of_deadline_s=args.best_of_deadline_s, **guided_from_args(args))
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
               kv_cache_gib=args.kv_cache_gib, speculative=spec_from_args(args), guided_fast_forward=args.fast_forward,
               enable_prefix_caching=args.enable_prefix_caching, prefill_chunk=args.prefill_chunk)
     pieces: dict[int, list[str]] = {}
 
     def on_text(_, sample, delta, finished):
-        if args.show_origins:
-            return  # printed coloured at the end
+        if args.show_origins or params.ranked:
+            return  # printed at the end (coloured; or the best samples, ranked)
         if args.n == 1:  # stream as it comes
             sys.stdout.write(delta)
             sys.stdout.flush()
@@ -319,6 +335,10 @@ def cmd_generate(args) -> int:
     wall = time.perf_counter() - t0
     if args.show_origins:
         _print_origins(llm.tokenizer, out.outputs)
+    elif params.ranked:
+        for o in out.outputs:
+            mean = o.cumulative_logprob / max(1, len(o.token_ids))
+            sys.stdout.write(f"--- rank {o.index}: mean log-probability {mean:.3f}, {o.finish_reason} ---\n{o.text}\n")
     elif args.n == 1:
         sys.stdout.write("\n")
     n_tokens = sum(len(o.token_ids) for o in out.outputs)
@@ -389,6 +409,10 @@ def _run(args) -> int:
     if args.command == "bench" and args.bench == "prefix":
         from ..bench.prefix import run_prefix_bench
         run_prefix_bench(args)
+        return 0
+    if args.command == "bench" and args.bench == "nbest":
+        from ..bench.nbest import run_nbest_bench
+        run_nbest_bench(args)
         return 0
     if args.command == "bench" and args.bench == "sarathi":
         from ..bench.sarathi import run_sarathi_bench

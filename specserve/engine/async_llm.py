@@ -22,6 +22,7 @@ from typing import AsyncIterator, Optional, Union
 
 from ..types import Request, SamplingParams, StreamDelta
 from .llm import LLM
+from .nbest import pick
 
 Prompt = Union[str, list[int]]
 
@@ -50,10 +51,26 @@ class _Stream:
     requests: list[Request] = field(default_factory=list)
     sent: dict[str, int] = field(default_factory=dict)  # request id -> tokens already sent
     open: int = 0  # samples not finished yet
+    ranked: bool = False  # best_of / a deadline: the best samples are sent whole once all have finished
 
 
 class EngineDeadError(RuntimeError):
     pass
+
+
+_END = object()  # after a stream's last delta
+
+
+def _delta(r: Request, index: int, text: str, sent: int) -> StreamDelta:
+    """What r gained since its first `sent` output tokens."""
+    k = r.params.num_top_logprobs
+    return StreamDelta(
+        index=index, text=text, token_ids=list(r.output_token_ids[sent:]),
+        logprobs=list(r.output_logprobs[sent:]) if r.params.wants_logprobs else None,
+        top_logprobs=list(r.output_top_logprobs[sent:]) if k else None,
+        origins=[o.value for o in r.output_origins[sent:]],
+        finish_reason=r.finish_reason.value if r.is_finished and r.finish_reason else None,
+        stop_reason=r.stop_reason if r.is_finished else None)
 
 
 class AsyncLLM:
@@ -97,7 +114,9 @@ class AsyncLLM:
 
     async def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None) -> AsyncIterator[StreamDelta]:
-        """Deltas of every sample (StreamDelta.index) as the engine steps, until all have finished.
+        """Deltas of every sample (StreamDelta.index) as the engine steps, until all have finished; for
+        ranked params (best_of, best_of_deadline_s) one whole delta per sample of the answer at the end,
+        best first (index = rank).
         Raises ValueError before queueing anything if the request cannot be served. request_id (unique
         among running requests; default: a fresh one) is what abort() takes."""
         if self._dead is not None:
@@ -112,18 +131,20 @@ class AsyncLLM:
             if key in self._ids:
                 raise ValueError(f"request_id {key!r} is already running")
             self._ids.add(key)
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), open=params.n)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), open=params.num_samples, ranked=params.ranked)
         self._send(("add", key, ids, params, stream))
-        remaining = params.n
+        ended = False
         try:
-            while remaining:
+            while True:
                 item = await stream.out.get()
+                if item is _END:
+                    ended = True
+                    break
                 if isinstance(item, BaseException):
                     raise item
-                remaining -= item.finished
                 yield item
         finally:
-            if remaining:  # left early (cancelled, client gone, an error): free it now
+            if not ended:  # left early (cancelled, client gone, an error): free it now
                 self._send(("abort", key))
             with self._ids_lock:
                 self._ids.discard(key)
@@ -189,6 +210,7 @@ class AsyncLLM:
                         if self._by_request.pop(r.request_id, None) is not None:  # tell a listener it ended
                             self._deliver(stream, StreamDelta(index=r.sample_index, text="", token_ids=[],
                                                               finish_reason="abort"))
+                    self._deliver(stream, _END)
 
     def _emit(self, r: Request, text: str) -> None:
         entry = self._by_request.get(r.request_id)
@@ -196,21 +218,17 @@ class AsyncLLM:
             return
         key, stream = entry
         sent = stream.sent[r.request_id]
-        new = r.output_token_ids[sent:]
         stream.sent[r.request_id] = len(r.output_token_ids)
-        k = r.params.num_top_logprobs
-        delta = StreamDelta(
-            index=r.sample_index, text=text, token_ids=list(new),
-            logprobs=list(r.output_logprobs[sent:]) if r.params.wants_logprobs else None,
-            top_logprobs=list(r.output_top_logprobs[sent:]) if k else None,
-            origins=[o.value for o in r.output_origins[sent:]],
-            finish_reason=r.finish_reason.value if r.is_finished and r.finish_reason else None,
-            stop_reason=r.stop_reason if r.is_finished else None)
-        self._deliver(stream, delta)
+        if not stream.ranked:
+            self._deliver(stream, _delta(r, r.sample_index, text, sent))
         if r.is_finished:
             self._by_request.pop(r.request_id, None)
             stream.open -= 1
             if stream.open == 0:
+                if stream.ranked:  # the answer is known only now: the best samples, whole, best first
+                    for rank, best in enumerate(pick(stream.requests)):
+                        self._deliver(stream, _delta(best, rank, best.text, 0))
+                self._deliver(stream, _END)
                 self._streams.pop(key, None)
 
     def _fail_all(self, error: BaseException) -> None:

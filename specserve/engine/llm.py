@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 from ..config import CacheConfig, EngineConfig, GuidedConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from ..types import CompletionOutput, Request, RequestOutput, SamplingParams
 from .llm_engine import LLMEngine
+from .nbest import pick
 
 Prompt = Union[str, list[int]]
 # on_text(prompt index, sample index, new text, finished)
@@ -81,7 +82,7 @@ class LLM:
             ids_list.append(ids)
             texts.append(prompt if isinstance(prompt, str) else None)
         groups: list[list[Request]] = []
-        bar = tqdm(total=sum(p.n for p in param_list), desc="generate", disable=not use_tqdm, unit="seq")
+        bar = tqdm(total=sum(p.num_samples for p in param_list), desc="generate", disable=not use_tqdm, unit="seq")
         try:
             for ids, p in zip(ids_list, param_list):
                 groups.append(self.engine.add_request(ids, p))
@@ -122,19 +123,23 @@ class LLM:
 
     @staticmethod
     def _output(group: list[Request], prompt: Optional[str]) -> RequestOutput:
+        """Every sample in order; for ranked params (best_of, a deadline) the best n, best first
+        (engine/nbest.py), each with its rank as index."""
         outs = []
-        for r in group:
+        ranked = group[0].params.ranked
+        for rank, r in enumerate(pick(group)):
             n = len(r.output_token_ids)
             ttft = None if r.first_token_time is None else r.first_token_time - r.arrival_time
             tpot = (r.finish_time - r.first_token_time) / (n - 1) if n > 1 and r.finish_time else None
             outs.append(CompletionOutput(
-                index=r.sample_index, text=r.text, token_ids=list(r.output_token_ids),
+                index=rank if ranked else r.sample_index, text=r.text, token_ids=list(r.output_token_ids),
                 finish_reason=r.finish_reason.value if r.finish_reason else None, stop_reason=r.stop_reason,
                 logprobs=list(r.output_logprobs) if r.params.wants_logprobs else None,
                 top_logprobs=list(r.output_top_logprobs) if r.params.num_top_logprobs else None,
                 time_to_first_token=ttft, per_token_latency=tpot,
                 accepted_per_step=list(r.spec_accepted) if r.spec_drafted else None,
                 drafted_per_step=list(r.spec_drafted) if r.spec_drafted else None,
-                origins=[o.value for o in r.output_origins]))
+                origins=[o.value for o in r.output_origins],
+                cumulative_logprob=sum(r.output_logprobs) if r.params.needs_logprobs else None))
         return RequestOutput(group[0].group_id, prompt, list(group[0].prompt_token_ids), outs,
                              num_cached_tokens=group[0].num_cached_tokens)

@@ -108,11 +108,12 @@ class LLMEngine:
 
     # --- requests -----------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> list[Request]:
-        """Queue one prompt; returns its n sample requests (the first is the leader that prefills)."""
+        """Queue one prompt; returns its sample requests (n, or best_of; the first is the leader that
+        prefills)."""
         self.check_request(prompt_token_ids, params)
         group = str(next(self._ids))
         reqs = []
-        for i in range(params.n):
+        for i in range(params.num_samples):
             seed = None if params.seed is None else params.seed + i
             r = Request(f"{group}-{i}", list(prompt_token_ids), params, seed=seed, group_id=group, sample_index=i)
             self._live[r.request_id] = _Live(r, make_generator(seed, self.device),
@@ -152,17 +153,18 @@ class LLMEngine:
                              f"raise kv_cache_gib (now {self.config.cache.kv_cache_gib}) or lower max_tokens")
         self.guided.guide(params)  # compiles (cached) now: a bad constraint fails here, before anything is queued
 
-    def abort(self, request_ids) -> None:
+    def abort(self, request_ids, reason: FinishReason = FinishReason.ABORT) -> list[Request]:
         """Stop these requests wherever they are: free their KV blocks, drafter state, generators and
-        detokenizers; they produce nothing more (finish_reason "abort"). Unknown or finished ids are
-        ignored. A leader's samples still waiting for its prompt go with it."""
+        detokenizers; they produce nothing more (finish_reason `reason`). Unknown or finished ids are
+        ignored. A leader's samples still waiting for its prompt go with it. Returns those stopped."""
+        stopped = []
         for rid in list(request_ids):
             live = self._live.pop(rid, None)
             if live is None:
                 continue
             r = live.request
             for sib in self._siblings.pop(rid, []):  # waiting for this leader's prompt KV: cannot start
-                self.abort([sib.request_id])
+                stopped += self.abort([sib.request_id], reason)
             if r.status == RequestStatus.WAITING_FOR_FORK and r.leader is not None:
                 waiting = self._siblings.get(r.leader.request_id, [])
                 if r in waiting:
@@ -176,9 +178,19 @@ class LLMEngine:
             r.draft = None
             if self.speculator is not None:
                 self.speculator.release(r)
-            r.finish_reason = FinishReason.ABORT
+            r.finish_reason = reason
+            r.finish_time = time.perf_counter()
+            stopped.append(r)
         if self.speculator is not None and not self.has_unfinished():
             self.speculator.abandon_step()
+        return stopped
+
+    def _expire(self) -> list[tuple[Request, str]]:
+        """Stop the samples whose request's time budget (best_of_deadline_s) has run out."""
+        now = time.perf_counter()
+        late = [rid for rid, live in self._live.items() if (d := live.request.params.best_of_deadline_s) is not None
+                and now - live.request.arrival_time >= d]
+        return [(r, "") for r in self.abort(late, FinishReason.DEADLINE)] if late else []
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._siblings)
@@ -196,6 +208,7 @@ class LLMEngine:
             self.threads.end()
 
     def _step(self) -> list[tuple[Request, str]]:
+        expired = self._expire()
         spec = self.speculator
         if spec is not None:
             spec.propose(self.scheduler.running)
@@ -208,7 +221,7 @@ class LLMEngine:
             for r in plan.preempted:
                 spec.release(r)
         if not plan.scheduled:
-            return []
+            return expired
         out = self.runner.execute(plan.scheduled, return_hidden=spec is not None and spec.wants_hidden_states)
         if spec is not None and self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -242,7 +255,7 @@ class LLMEngine:
             r = s.request
             v = verified[r.request_id]
             lp = token_logprobs(out.logits[rows.logits][list(v.rows)], v.tokens,
-                                r.params.num_top_logprobs) if r.params.wants_logprobs else None
+                                r.params.num_top_logprobs) if r.params.needs_logprobs else None
             delta = ""
             for j, (tok, origin) in enumerate(zip(v.tokens, v.origins)):
                 delta += self._append(r, tok, None if lp is None else (lp[0][j], lp[1][j]), now, origin)
@@ -254,7 +267,7 @@ class LLMEngine:
             spec.record_step(sum(s.num_new_tokens for s in plan.scheduled), time.perf_counter() - t0, now - t0,
                              len(plan.scheduled), plain_decoding + len(verifiers),
                              plain_decoding + sum(len(v.tokens) for v in verified.values()))
-        return results
+        return expired + results
 
     def _guide(self, r: Request):
         live = self._live.get(r.request_id)
@@ -320,7 +333,7 @@ class LLMEngine:
         guide = self._guide(r)
         if guide is not None and not guide.accept([token]):  # the masks make this impossible
             raise RuntimeError(f"request {r.request_id}: the grammar refused token {token}: {guide.error}")
-        if logprob is not None and r.params.wants_logprobs:
+        if logprob is not None and r.params.needs_logprobs:
             r.output_logprobs.append(logprob[0])
             if r.params.num_top_logprobs:
                 r.output_top_logprobs.append(dict(list(logprob[1].items())[:r.params.num_top_logprobs]))

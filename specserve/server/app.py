@@ -1,5 +1,7 @@
 """The OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (SSE streaming),
-/v1/models, /health, /metrics. Built on the public API only (AsyncLLM, SamplingParams).
+/v1/models, /health, /metrics, and the playground page at / (server/playground.html: a prompt box,
+the answer streaming in coloured by token origin, live figures). Built on the public API only
+(AsyncLLM, SamplingParams, specserve.origins).
 
     specserve serve --port 8000            then: OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="-")
 
@@ -12,16 +14,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import time
 import uuid
 from typing import AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..origins import OriginRuns
 from ..types import SamplingParams, StreamDelta
 from .config import ServerConfig
 from .metrics import ServerMetrics
@@ -109,6 +113,13 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
         metrics.errors.labels("500").inc()
         return _error(500, f"internal error: {type(e).__name__}: {str(e)[:200]}", "internal_server_error")
 
+    with open(os.path.join(os.path.dirname(__file__), "playground.html"), encoding="utf-8") as f:
+        playground = f.read()
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return HTMLResponse(playground)
+
     @app.get("/health")
     async def health():
         return Response(status_code=200)
@@ -135,6 +146,8 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
             raise ApiError(400, why)
         if not 1 <= body.n <= cfg.max_n:
             raise ApiError(400, f"n must be in [1, {cfg.max_n}], got {body.n}", param="n")
+        if body.best_of is not None and not body.n <= body.best_of <= cfg.max_n:
+            raise ApiError(400, f"best_of must be in [n, {cfg.max_n}], got {body.best_of}", param="best_of")
 
     def make_params(body, prompts_ids: list[list[int]]) -> SamplingParams:
         try:
@@ -217,6 +230,15 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def origin_runs(body, runs: dict, c: int, d: StreamDelta) -> dict:
+        """For a streamed choice when the request asks (return_origins): its new tokens' origins and their
+        text in runs of one origin; else {}."""
+        if not body.return_origins or d.origins is None:
+            return {}
+        stream = runs.setdefault(c, OriginRuns(llm.tokenizer))
+        return {"origins": list(d.origins),
+                "origin_runs": [[t, o.value] for t, o in stream.push(d.token_ids, d.origins)]}
+
     class Tracker:
         """Latency metrics of one HTTP request as its deltas pass."""
 
@@ -279,27 +301,29 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
         head = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
 
         async def build(streams):
-            tr, offsets = Tracker(prompt_tokens), {}
+            tr, offsets, runs = Tracker(prompt_tokens), {}, {}
             async for pi, d in merged(streams):
                 c = pi * n + d.index
                 tr.see(c, d)
                 lp = completion_logprobs(d, offsets.get(c, 0))
                 offsets[c] = offsets.get(c, 0) + len(d.text)
-                if d.text or d.finished or lp is not None:
+                extra = origin_runs(body, runs, c, d)  # every delta: its tokens move the detokenizer on
+                if d.text or d.finished or lp is not None or extra.get("origins"):
                     yield {**head, "choices": [{"index": c, "text": d.text, "logprobs": lp, "finish_reason": d.finish_reason,
-                                                "stop_reason": d.stop_reason}]}
+                                                "stop_reason": d.stop_reason, **extra}]}
             tr.done()
             if body.stream_options is not None and body.stream_options.include_usage:
                 yield {**head, "choices": [], "usage": usage(tr.tokens)}
 
         async def finish(streams):
             tr = Tracker(prompt_tokens)
-            choices = {i: {"index": i, "text": "", "logprobs": None, "finish_reason": None, "stop_reason": None}
-                       for i in range(len(ids) * n)}
+            # (with a deadline a prompt may answer with fewer than n samples: its choices keep pi * n + rank)
+            choices = {}
             async for pi, d in merged(streams):
                 c = pi * n + d.index
                 tr.see(c, d)
-                ch = choices[c]
+                ch = choices.setdefault(c, {"index": c, "text": "", "logprobs": None, "finish_reason": None,
+                                            "stop_reason": None})
                 lp = completion_logprobs(d, len(ch["text"]))
                 if lp is not None:
                     if ch["logprobs"] is None:
@@ -346,7 +370,7 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name}
 
         async def build(streams):
-            tr, started = Tracker(len(ids)), set()
+            tr, started, runs = Tracker(len(ids)), set(), {}
             async for _, d in merged(streams):
                 tr.see(d.index, d)
                 delta = {}
@@ -356,20 +380,21 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
                 if d.text:
                     delta["content"] = d.text
                 lp = chat_logprobs(d)
-                if delta or d.finished or lp is not None:
+                extra = origin_runs(body, runs, d.index, d)  # every delta: its tokens move the detokenizer on
+                if delta or d.finished or lp is not None or extra.get("origins"):
                     yield {**head, "choices": [{"index": d.index, "delta": delta, "logprobs": lp,
-                                                "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}]}
+                                                "finish_reason": d.finish_reason, "stop_reason": d.stop_reason, **extra}]}
             tr.done()
             if body.stream_options is not None and body.stream_options.include_usage:
                 yield {**head, "choices": [], "usage": usage(tr.tokens)}
 
         async def finish(streams):
             tr = Tracker(len(ids))
-            choices = {i: {"index": i, "message": {"role": "assistant", "content": ""}, "logprobs": None,
-                           "finish_reason": None, "stop_reason": None} for i in range(params.n)}
+            choices = {}
             async for _, d in merged(streams):
                 tr.see(d.index, d)
-                ch = choices[d.index]
+                ch = choices.setdefault(d.index, {"index": d.index, "message": {"role": "assistant", "content": ""},
+                                                  "logprobs": None, "finish_reason": None, "stop_reason": None})
                 ch["message"]["content"] += d.text
                 lp = chat_logprobs(d)
                 if lp is not None:

@@ -2,7 +2,7 @@
 
 Fields follow OpenAI's API; `top_k` and `ignore_eos` are extras, as in vLLM. Unknown fields are
 ignored (clients send `user`, `frequency_penalty` = 0 and the like); values this engine cannot honour
-(penalties other than 0, `best_of` other than n, tools) get a 400 that says so.
+(penalties other than 0, tools, streaming best_of) get a 400 that says so.
 """
 from __future__ import annotations
 
@@ -39,10 +39,20 @@ class _Common(BaseModel):
     guided_regex: Optional[str] = None
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
+    # n-best: best_of samples (OpenAI's completions field; an extra for chat, as in vLLM), the n of
+    # highest mean log-probability answered, best first; best_of_deadline_s (extra, BASS section 4.5):
+    # the samples finished within that many seconds
+    best_of: Optional[int] = None
+    best_of_deadline_s: Optional[float] = None
+    # extra: streamed choices carry their new tokens' "origins" (who proposed each: TokenOrigin values,
+    # target, draft, lookup, ...) and "origin_runs", [[text, origin], ...] (the playground colours them)
+    return_origins: bool = False
 
     def unsupported(self) -> Optional[str]:
         if self.presence_penalty or self.frequency_penalty:
             return "presence_penalty and frequency_penalty are not supported (only 0)"
+        if self.stream and (self.best_of is not None or self.best_of_deadline_s is not None):
+            return "best_of and best_of_deadline_s cannot stream: the answer is chosen once every sample has finished"
         return None
 
     def sampling_params(self, default_max_tokens: int, logprobs: Union[bool, int]) -> SamplingParams:
@@ -52,7 +62,7 @@ class _Common(BaseModel):
             top_p=1.0 if self.top_p is None else self.top_p, top_k=-1 if self.top_k is None else self.top_k,
             max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens, seed=self.seed,
             stop=self.stop, ignore_eos=self.ignore_eos, logprobs=logprobs, speculative=self.speculative,
-            **self.guided())
+            best_of=self.best_of, best_of_deadline_s=self.best_of_deadline_s, **self.guided())
 
     def guided(self) -> dict:
         return {k: getattr(self, k) for k in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
@@ -63,7 +73,6 @@ class CompletionRequest(_Common):
     prompt: Union[str, list[int], list[str], list[list[int]]]
     logprobs: Optional[int] = None  # 0..5 in OpenAI's API (here up to MAX_TOP_LOGPROBS)
     echo: bool = False
-    best_of: Optional[int] = None
     suffix: Optional[str] = None
 
     def unsupported(self) -> Optional[str]:
@@ -71,8 +80,6 @@ class CompletionRequest(_Common):
             return "echo is not supported"
         if self.suffix:
             return "suffix is not supported"
-        if self.best_of is not None and self.best_of != self.n:
-            return "best_of other than n is not supported"
         return super().unsupported()
 
     def prompts(self) -> list[Union[str, list[int]]]:

@@ -135,6 +135,21 @@ def test_bench_sarathi_writes_latencies_for_chunked_and_whole_prompt_prefill(tmp
     assert list(tmp_path.glob("sarathi-*.md")) and list(tmp_path.glob("sarathi-*.png"))
 
 
+def test_bench_nbest_writes_pass_rates_within_the_budget(tmp_path):
+    import json
+    r = run("bench", "nbest", "--problems", "2", "--batch-sizes", "1,2", "--budget", "0.5", "--max-tokens", "64",
+            "--speculative", "lookup", "--kv-cache-gib", "0.25", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(next(tmp_path.glob("nbest-*.json")).read_text())
+    for name in ("regular", "speculative"):
+        t = got["table"][name]
+        assert set(t) == {"1", "2"}
+        assert all(0 <= t[b][k] <= 1 for b in t for k in ("pass_at_first", "pass_at_all", "finished_share"))
+        assert all(t[b]["pass_at_first"] <= t[b]["pass_at_all"] for b in t)
+        assert all(t[b]["mean_wall_s"] < 0.5 + 1.0 for b in t)  # the budget stops them (a step of slack)
+    assert list(tmp_path.glob("nbest-*.md")) and list(tmp_path.glob("nbest-*.png"))
+
+
 def test_plan_prints_placement_and_writes_json(tmp_path):
     import json
     out = tmp_path / "plan.json"

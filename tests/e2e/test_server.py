@@ -100,6 +100,39 @@ def test_n_samples_with_a_seed_repeat_and_equal_llm_generate(server, client, emb
     assert sorted(c.index for c in got.choices) == [0, 1, 2, 3]
 
 
+def test_best_of_and_a_time_budget_answer_as_llm_generate_does(server, client, embedded_llm):
+    params = SamplingParams(n=2, best_of=4, temperature=1.0, seed=9, max_tokens=16)
+    want = [o.text for o in embedded_llm.generate(PROMPTS[1], params)[0].outputs]
+    got = client.completions.create(model=server["model"], prompt=PROMPTS[1], n=2, best_of=4, temperature=1.0, seed=9,
+                                    max_tokens=16)
+    assert [c.text for c in sorted(got.choices, key=lambda c: c.index)] == want
+    conv = [{"role": "user", "content": "Name a colour."}]
+    got = client.chat.completions.create(model=server["model"], messages=conv, n=2, temperature=1.0, seed=4, max_tokens=24,
+                                         extra_body={"best_of": 4, "best_of_deadline_s": 60})
+    want = embedded_llm.chat(conv, SamplingParams(n=2, best_of=4, temperature=1.0, seed=4, max_tokens=24,
+                                                  best_of_deadline_s=60))[0].outputs
+    assert [c.message.content for c in sorted(got.choices, key=lambda c: c.index)] == [o.text for o in want]
+    assert [c.index for c in got.choices] == [0, 1]
+
+
+def test_streamed_origins_join_up_to_the_text_and_the_playground_is_served(server, embedded_llm):
+    """return_origins (extra): each streamed choice has its tokens' origins and their text in runs;
+    the runs join up to the answer and the origins count its tokens. GET / is the playground page."""
+    for path, body in (("/v1/completions", {"prompt": PROMPTS[0]}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hi"}]})):
+        status, raw_body = raw(server, "POST", path, {**body, "model": server["model"], "max_tokens": 20, "temperature": 0,
+                                                      "stream": True, "return_origins": True})
+        chunks = [json.loads(line[6:]) for line in raw_body.decode().split("\n\n") if line.startswith("data: {")]
+        choices = [c["choices"][0] for c in chunks if c["choices"]]
+        text = "".join(c.get("text") or c.get("delta", {}).get("content") or "" for c in choices)
+        runs = "".join(t for c in choices for t, _ in c["origin_runs"])
+        origins = [o for c in choices for o in c["origins"]]
+        assert status == 200 and text and runs == text
+        assert len(origins) == 20 and set(origins) == {"target"}  # no speculation on this server
+    status, page = raw(server, "GET", "/", headers={"Authorization": ""})  # the page needs no key; /v1 does
+    assert status == 200 and b"specserve playground" in page and b"/v1/chat/completions" in page
+
+
 def test_top_logprobs_are_the_models(server, client, embedded_llm):
     want = embedded_llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=6, logprobs=3))[0].outputs[0]
     got = client.completions.create(model=server["model"], prompt=PROMPTS[0], max_tokens=6, temperature=0, logprobs=3)
@@ -118,7 +151,7 @@ def test_top_logprobs_are_the_models(server, client, embedded_llm):
 
 @pytest.mark.parametrize("case", ["no key", "bad json", "unknown model", "n too big", "prompt too long", "bad temperature",
                                   "body too big", "unknown route", "empty messages", "penalty", "bad schema",
-                                  "bad response_format"])
+                                  "bad response_format", "streamed best_of", "best_of too big", "best_of below n"])
 def test_errors_are_openai_error_objects_with_the_right_status(server, case):
     m = server["model"]
     status, body = {
@@ -139,6 +172,10 @@ def test_errors_are_openai_error_objects_with_the_right_status(server, case):
                                                                                                 "maximum": 3}}}}),
         "bad response_format": lambda: raw(server, "POST", "/v1/chat/completions", {
             "model": m, "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}),
+        "streamed best_of": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "best_of": 2,
+                                                                            "stream": True}),
+        "best_of too big": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "best_of": 9}),
+        "best_of below n": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "n": 3, "best_of": 2}),
     }[case]()
     want = {"no key": 401, "unknown model": 404, "body too big": 413, "unknown route": 404}.get(case, 400)
     assert status == want, body

@@ -34,6 +34,11 @@ def test_stop_string_normalised():
     (dict(logprobs=2.0), "logprobs must be True/False or an integer k in"),
     (dict(max_tokens=2.0), "max_tokens must be an integer"),
     (dict(n=True), "n must be an integer"),
+    (dict(n=3, best_of=2), "best_of must be an integer >= n"),
+    (dict(best_of=2.0), "best_of must be an integer"),
+    (dict(best_of_deadline_s=0), "best_of_deadline_s must be a number of seconds > 0"),
+    (dict(best_of_deadline_s=float("inf")), "best_of_deadline_s"),
+    (dict(seed=2**63 - 2, best_of=3), "seed must be an integer in"),  # sample 2 would use 2**63
 ])
 def test_values_vllm_users_would_expect_refused_are_refused_in_one_line(kw, match):
     with pytest.raises(ValueError, match=match) as e:
