@@ -7,12 +7,13 @@ Debian's packages and selenium, runs this test, and keeps its screenshot as docs
 (SPECSERVE_SCREENSHOT names where it goes; else the test's temporary folder)."""
 import os
 import shutil
-import threading
 import time
 
 import pytest
 
 from specserve import SamplingParams
+
+from .serving import running
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="the browser test needs selenium: make test-browser")
 uvicorn = pytest.importorskip("uvicorn")
@@ -30,17 +31,8 @@ def server():
     from specserve.server.config import ServerConfig
 
     llm = AsyncLLM(kv_cache_gib=0.25, speculative="draft")  # the EAGLE draft: its tokens show in blue
-    app = build_app(llm, ServerConfig())
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.time() + 60
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert srv.started
-    yield f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
-    srv.should_exit = True
-    th.join(10)
+    with running(build_app(llm, ServerConfig())) as port:
+        yield f"http://127.0.0.1:{port}"
     llm.shutdown()
 
 

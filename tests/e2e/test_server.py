@@ -11,6 +11,8 @@ import pytest
 
 from specserve import SamplingParams
 
+from .serving import running
+
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 KEY = "test-key"
@@ -25,17 +27,8 @@ def server():
 
     llm = AsyncLLM(kv_cache_gib=0.25)
     app = build_app(llm, ServerConfig(api_key=KEY, max_concurrent_requests=24, max_n=4, max_body_bytes=64 * 1024))
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.time() + 60
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert srv.started
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield {"port": port, "llm": llm, "model": llm.model_name}
-    srv.should_exit = True
-    th.join(10)
+    with running(app) as port:
+        yield {"port": port, "llm": llm, "model": llm.model_name}
     llm.shutdown()
 
 
