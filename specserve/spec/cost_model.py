@@ -192,14 +192,19 @@ class CostModel:
         expected = (1 - alpha ** (k + 1)) / (1 - alpha)  # Leviathan et al.: tokens per step per sequence
         return batch * expected / (t_target + k * t_draft)
 
-    def break_even_confidence(self, batch: int) -> Optional[float]:
+    def break_even_confidence(self, batch: int, calibrated_only: bool = False) -> Optional[float]:
         """The acceptance probability at which one more draft token per sequence pays for itself: its
         share of a verify row plus a draft step, over the time per token of plain decoding
-        (about 0.4 at batch 1 and 0.7 at batch 8 on the 2-core CPU of bench/results/spec-cpu-20261123-171653.md)."""
-        t_plain, t_more = self.step_seconds(batch, batch), self.step_seconds(2 * batch, batch)
+        (about 0.4 at batch 1 and 0.7 at batch 8 on the 2-core CPU of bench/results/spec-cpu-20261123-171653.md).
+        calibrated_only: from the start-up calibration alone, as tokens_per_second's."""
+        if calibrated_only:
+            t_plain, t_more = self._interp(self.calibrated, batch), self._interp(self.calibrated, 2 * batch)
+            t_draft = None if t_plain is None else DRAFT_COST_GUESS * self._interp(self.calibrated, 1)
+        else:
+            t_plain, t_more = self.step_seconds(batch, batch), self.step_seconds(2 * batch, batch)
+            t_draft = self.draft_step_seconds(batch)
         if t_plain is None or t_more is None:
             return None
-        t_draft = self.draft_step_seconds(batch)
         if t_draft is None:  # before the first draft step is timed
             t_draft = DRAFT_COST_GUESS * self.step_seconds(1)
         t_row = max(0.0, t_more - t_plain) / batch

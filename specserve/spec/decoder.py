@@ -143,10 +143,15 @@ class SpeculativeDecoder:
             if self._seeded(r):
                 policy = self.own_policies.setdefault(r.request_id, self.make_policy())
                 k = policy.draft_len()
+                floor = policy.min_confidence
                 if self.fallback:  # from the request's own acceptance and the fixed calibration only
                     k = self._own_len(r, k)
+                    # and drafting stops where a token is unlikely enough not to pay for its verify row,
+                    # as the shared path's gate, priced on the calibration at its own samples' batch
+                    gate = self.costs.break_even_confidence(r.params.num_samples, calibrated_only=True)
+                    floor = max((c for c in (floor, gate) if c is not None), default=None)
                 if k:
-                    same_len.setdefault((k, policy.min_confidence), []).append(r)
+                    same_len.setdefault((k, floor), []).append(r)
         for (k, min_confidence), group in same_len.items():
             self._draft(group, k, min_confidence)
         if not shared:

@@ -396,3 +396,34 @@ def test_a_seeded_request_keeps_probing_after_rejections_and_its_prior_softens_o
     # 16 samples run together: priced at batch 16, where verify rows are dear, so plain and no probes
     assert pattern(seeded([7], [0], best_of=16), 12) == "." * 12
     assert pattern(seeded([], [], best_of=16), 3) == "..."
+
+
+def test_a_seeded_request_drafts_only_as_far_as_a_token_pays_for_its_verify_row():
+    """The shared path cuts drafts below the break-even confidence; a seeded request (fallback on) gets
+    the same gate, priced on the start-up calibration at its own samples' batch (so its draws stay its
+    own): dearer rows at 8 samples than at 1, a higher floor."""
+    from specserve.drafters.base import Draft, Drafter, Proposal
+    from specserve.spec import SpeculativeDecoder
+    from specserve.types import Request, RequestStatus, SamplingParams
+
+    class Recorder(Drafter):
+        def __init__(self):
+            self.floors = []
+
+        def propose(self, requests, max_len, min_confidence=None, tree=None):
+            self.floors.append(min_confidence)
+            return Proposal([Draft([1] * max_len, None, [0.9] * max_len) for _ in requests])
+
+    drafter = Recorder()
+    spec = SpeculativeDecoder(drafter, lambda: make_policy("fixed", 3))
+    for rows, ms in {1: 10, 2: 11, 4: 13, 8: 17, 16: 22, 32: 40}.items():
+        spec.costs.record_calibration(rows, ms / 1e3)
+    floors = []
+    for best_of in (None, 8):
+        r = Request("s", [5, 6, 7], SamplingParams(temperature=0.8, max_tokens=64, best_of=best_of), seed=3)
+        r.output_token_ids = [8]
+        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
+        spec.propose([r])
+        floors.append(drafter.floors[-1])
+        assert floors[-1] == spec.costs.break_even_confidence(best_of or 1, calibrated_only=True)
+    assert len(drafter.floors) == 2 and 0 < floors[0] < floors[1] < 1
