@@ -12,7 +12,9 @@ The engine, each step:
   3. `observe(request, start, hidden, num_accepted)` for every request the target computed rows for
      (prefill chunks and plain decode steps too): the target's last hidden states of the rows that
      stayed valid ([rows, hidden], first row at position `start`; only for drafters that want them),
-     and how many drafts were accepted. The drafter rolls its own state back to match.
+     and how many drafts were accepted. The drafter rolls its own state back to match. A request
+     admitted from a prefix-cache hit starts at `start` > 0: a drafter that needs the skipped
+     positions' hidden states reads them with `DrafterContext.prefix_features`.
      Drafters that `wants_span_argmax` (lookahead decoding) first get `observe_span`: the target's
      greedy token after every row of the verified span, rejected rows too, and the accepted path.
   4. `release(request)` when a request finishes or is preempted; `fork(parent, child)` when an n > 1
@@ -21,7 +23,7 @@ The engine, each step:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -65,6 +67,9 @@ class DrafterContext:
     num_blocks: int  # the target's KV blocks: a drafter's own cache gets as many
     block_size: int
     attention: str  # the resolved PAD/SPLIT mode
+    # (block table, n) -> the target's last hidden states at positions 0 .. n - 1 [n, hidden], kept
+    # beside the KV for prefix-cache hits (KVCache.read_features); None where they are not kept
+    prefix_features: Optional[Callable[[list[int], int], Optional[torch.Tensor]]] = None
 
 
 class Drafter:

@@ -31,9 +31,10 @@ class EagleDrafter(Drafter):
     wants_hidden_states = True
     makes_trees = True
 
-    def __init__(self, net: EagleNet, target, num_blocks: int, block_size: int, attention: str = "split"):
+    def __init__(self, net: EagleNet, target, num_blocks: int, block_size: int, attention: str = "split",
+                 prefix_features=None):
         """target: the serving model as models.TargetView (its embeddings, final norm, LM head rows and
-        RoPE are shared)."""
+        RoPE are shared); prefix_features: DrafterContext's (the features of a prefix-cache hit)."""
         cfg = net.cfg
         dev = target.device
         self.target = target
@@ -45,6 +46,7 @@ class EagleDrafter(Drafter):
         self.pending: dict[str, list[torch.Tensor]] = {}  # target features not yet fed to the draft
         self.num_pending: dict[str, int] = {}  # their rows (kept as a count: observe runs every step)
         self.attention = attention
+        self.prefix_features = prefix_features
 
     @classmethod
     def load(cls, path: str, ctx: DrafterContext) -> "EagleDrafter":
@@ -56,7 +58,7 @@ class EagleDrafter(Drafter):
                              f"({cfg.target_vocab_size} tokens) than the target's ({arch.vocab_size} tokens)")
         if cfg.hidden_size != arch.hidden_size:
             raise ValueError(f"{path}: draft hidden size {cfg.hidden_size} does not match the target's {arch.hidden_size}")
-        return cls(net, ctx.target, ctx.num_blocks, ctx.block_size, ctx.attention)
+        return cls(net, ctx.target, ctx.num_blocks, ctx.block_size, ctx.attention, ctx.prefix_features)
 
     # --- target side ----------------------------------------------------------------------------
     def observe(self, request: Request, start: int, hidden: Optional[torch.Tensor], num_accepted: int) -> None:
@@ -64,10 +66,13 @@ class EagleDrafter(Drafter):
         if hidden is None:
             return
         expected = self.kv.num_done.get(rid, 0) + self.num_pending.get(rid, 0)
-        if start != expected:  # recomputed from scratch (preemption), or out of step: start over
+        if start != expected:  # recomputed (preemption), started from a prefix-cache hit, or out of step
             self.release(request)
-            if start != 0:
-                return
+            if start != 0:  # from position 0 with the features the cache kept of the skipped positions
+                past = None if self.prefix_features is None else self.prefix_features(request.block_table, start)
+                if past is None:
+                    return
+                hidden = torch.cat([past, hidden.float()])
         self.pending.setdefault(rid, []).append(hidden.float())
         self.num_pending[rid] = self.num_pending.get(rid, 0) + len(hidden)
 

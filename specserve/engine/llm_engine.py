@@ -80,16 +80,18 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv, self.device, attention=attention, plain_attention=plain)
         self.speculator: Optional[SpeculativeDecoder] = None
         if spec_config is not None:
-            ctx = DrafterContext(self.model, self.tokenizer, self.model_path, num_blocks, cc.block_size, attention)
+            ctx = DrafterContext(self.model, self.tokenizer, self.model_path, num_blocks, cc.block_size, attention,
+                                 prefix_features=self.kv.read_features)
             self.speculator = SpeculativeDecoder(build_drafter(spec_config, ctx),
                                                  lambda: make_policy(spec_config.policy, spec_config.draft_len),
                                                  spec_config.fallback, shape=spec_config.shape,
                                                  tree=TreeShape(spec_config.tree_top_k, spec_config.tree_beam,
                                                                 spec_config.tree_max_nodes))
         # Prefix caching skips the prefill of cached blocks; a drafter that reads the target's hidden state
-        # at every position (EAGLE) would miss theirs, so it turns caching off (self.prefix_caching says).
-        self.prefix_caching = cc.enable_prefix_caching and not (self.speculator is not None
-                                                                and self.speculator.wants_hidden_states)
+        # at every position (EAGLE) would miss theirs, so the KV keeps them beside every slot.
+        self.prefix_caching = cc.enable_prefix_caching
+        if self.prefix_caching and self.speculator is not None and self.speculator.wants_hidden_states:
+            self.kv.keep_features(self.arch.hidden_size)
         sc = config.scheduler
         blocks = BlockManager(num_blocks, cc.block_size, self.prefix_caching)
         self.prefill_chunk = sc.prefill_chunk  # SARATHI's chunk: "auto" measures this machine's

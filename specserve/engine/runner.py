@@ -93,4 +93,6 @@ class ModelRunner:
             return_hidden=return_hidden,
         )
         logits, hidden = out if return_hidden else (out, None)
+        if hidden is not None and self.kv.features is not None:  # beside the KV, for prefix-cache hits
+            self.kv.features.index_copy_(0, meta.slot_mapping, hidden.float())
         return StepOutput(list(scheduled), logits, hidden, rows)

@@ -1,5 +1,9 @@
-"""The paged KV storage: one flat array of token slots per layer (slot = block * block_size + offset)."""
+"""The paged KV storage: one flat array of token slots per layer (slot = block * block_size + offset),
+and, for drafters that read the target's last hidden state (EAGLE), that state per slot too: a prefix
+cache hit then hands the drafter the features of the positions it skipped."""
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -12,6 +16,22 @@ class KVCache:
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, slots, kv_heads, head_dim]
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.features: Optional[torch.Tensor] = None  # [slots, hidden] float32, once keep_features
+
+    def keep_features(self, hidden_size: int) -> None:
+        """Keep the target's last hidden state of every computed slot (ModelRunner writes it beside the
+        KV; copies and moves carry it): hidden_size * 4 bytes a token, 5% of the KV for SmolLM2-135M."""
+        if self.features is None:
+            self.features = torch.zeros(self.k.shape[1], hidden_size, dtype=torch.float32, device=self.k.device)
+
+    def read_features(self, block_table: list[int], n: int) -> Optional[torch.Tensor]:
+        """The kept features of positions 0 .. n - 1 of the sequence with this block table [n, hidden]
+        (None when features are not kept)."""
+        if self.features is None:
+            return None
+        bs = self.block_size
+        slots = [block_table[p // bs] * bs + p % bs for p in range(n)]
+        return self.features.index_select(0, torch.tensor(slots, dtype=torch.long, device=self.features.device))
 
     @staticmethod
     def bytes_per_block(num_layers, block_size, num_kv_heads, head_dim, dtype: torch.dtype) -> int:
@@ -23,6 +43,8 @@ class KVCache:
         for src, dst in copies:
             self.k[:, dst * bs:(dst + 1) * bs] = self.k[:, src * bs:(src + 1) * bs]
             self.v[:, dst * bs:(dst + 1) * bs] = self.v[:, src * bs:(src + 1) * bs]
+            if self.features is not None:
+                self.features[dst * bs:(dst + 1) * bs] = self.features[src * bs:(src + 1) * bs]
 
     def move_slots(self, src: list[int], dst: list[int]) -> None:
         """Copy token slots src[i] -> dst[i] in every layer, all read before any is written (the ranges
@@ -37,3 +59,5 @@ class KVCache:
         d_idx = torch.tensor([d for _, d in pairs], dtype=torch.long, device=self.k.device)
         for cache in (self.k, self.v):
             cache.index_copy_(1, d_idx, cache.index_select(1, s_idx))
+        if self.features is not None:
+            self.features.index_copy_(0, d_idx, self.features.index_select(0, s_idx))

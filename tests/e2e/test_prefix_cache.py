@@ -73,6 +73,22 @@ def test_prefix_caching_with_speculation_changes_no_token(spec, uncached):
     assert [o.outputs[0].token_ids for o in first] == want and first[-1].num_cached_tokens > 0
 
 
-def test_eagle_turns_prefix_caching_off():
-    """EAGLE drafts from the target's hidden state at every position: cached blocks have none."""
-    assert not LLM(kv_cache_gib=0.25, speculative="draft").engine.prefix_caching
+def test_eagle_drafts_from_the_features_kept_beside_the_cache(uncached):
+    """EAGLE drafts from the target's hidden state at every position: a prefix-cache hit skips those
+    positions, so the KV keeps their features. Cached, the drafts (and what was accepted of them, step
+    by step) are those of an engine without the cache, and the tokens those of regular decoding."""
+    spec = dict(method="draft", policy="fixed", draft_len=3, fallback=False)
+    runs = []
+    for caching in (True, False):
+        llm = LLM(kv_cache_gib=0.25, prefill_chunk=16, enable_prefix_caching=caching, speculative=spec)
+        assert llm.engine.prefix_caching == caching and (llm.engine.kv.features is not None) == caching
+        greedy = SamplingParams(temperature=0, max_tokens=32)
+        runs.append([llm.chat(_conv(q), greedy)[0] for q in QUESTIONS[:3]])
+    cached, cold = runs
+    want = [o.outputs[0].token_ids for o in uncached.chat([_conv(q) for q in QUESTIONS[:3]], SamplingParams(temperature=0, max_tokens=32))]
+    assert [o.outputs[0].token_ids for o in cached] == want
+    assert min(o.num_cached_tokens for o in cached[1:]) > 0 and cold[-1].num_cached_tokens == 0
+    for a, b in zip(cached, cold):
+        assert a.outputs[0].drafted_per_step == b.outputs[0].drafted_per_step
+        assert a.outputs[0].accepted_per_step == b.outputs[0].accepted_per_step
+    assert sum(cached[-1].outputs[0].accepted_per_step) > 0

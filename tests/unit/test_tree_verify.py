@@ -127,7 +127,9 @@ def test_the_accepted_path_moves_next_to_the_root_in_the_kv_cache():
                  device=torch.device("cpu"))
     kv.k.copy_(torch.arange(kv.k.numel(), dtype=torch.float32).view_as(kv.k))
     kv.v.copy_(-kv.k)
-    before_k, before_v = kv.k.clone(), kv.v.clone()
+    kv.keep_features(3)  # the target's hidden states beside the KV (EAGLE with prefix caching) move too
+    kv.features.copy_(torch.arange(kv.features.numel(), dtype=torch.float32).view_as(kv.features))
+    before_k, before_v, before_f = kv.k.clone(), kv.v.clone(), kv.features.clone()
     table, root = [2, 0, 5, 1, 4], 10  # positions -> slots through a scattered block table
 
     def slot(p):
@@ -141,6 +143,9 @@ def test_the_accepted_path_moves_next_to_the_root_in_the_kv_cache():
         assert torch.equal(kv.v[layer, slot(12)], before_v[layer, slot(17)])
         for p in range(root + 1):
             assert torch.equal(kv.k[layer, slot(p)], before_k[layer, slot(p)])
+    assert torch.equal(kv.features[slot(12)], before_f[slot(17)])
+    assert torch.equal(kv.read_features(table, 13), torch.stack([kv.features[slot(p)] for p in range(13)]))
+    assert torch.equal(kv.read_features(table, 11)[:11], before_f[[slot(p) for p in range(11)]])
     assert accepted_rows_to_keep([0]) == [] and accepted_rows_to_keep([]) == [] and accepted_rows_to_keep([0, 3]) == [(4, 2)]
     with pytest.raises(ValueError, match="2 sources for 1"):
         kv.move_slots([1, 2], [3])
