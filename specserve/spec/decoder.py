@@ -79,6 +79,9 @@ class DraftingStep:
 # first-position acceptance on HumanEval was 0.64-0.84 (bench/results/spec-cpu-20261124-080855.md).
 # A seeded request drafts only where the calibration says drafting pays at this rate.
 OPTIMISTIC_ALPHA = 0.8
+# A shared sequence's own acceptance forgets at this rate per verify step: text turns predictable and
+# back within a reply (a list, then prose), and the choice should follow within a few steps.
+RECENT_DECAY = 0.8
 
 
 class SpeculativeDecoder:
@@ -98,8 +101,12 @@ class SpeculativeDecoder:
         # distribution, other draws; fallback=False makes it identical across instances too).
         self.own_policies: dict[str, DraftLengthPolicy] = {}
         # and, while its fallback keeps it plain, (plain steps in a row, steps before a probe): as the
-        # shared retry below, from its own steps only
+        # shared retry below, from its own steps only. Shared requests that the per-sequence choice
+        # leaves out of drafting steps keep the same count.
         self._own_plain: dict[str, tuple[int, int]] = {}
+        # A shared request's recent acceptance: decayed [accepted, accepted + rejections] of its verify
+        # steps (per-sequence choice: which sequences a drafting step drafts for)
+        self._recent: dict[str, list[float]] = {}
         # A weak prior so the first steps already weigh drafting against plain decoding.
         self.prior_alpha = prior_alpha
         self.costs = CostModel(prior_alpha=prior_alpha)
@@ -193,10 +200,49 @@ class SpeculativeDecoder:
         # Drafting stops where a token is unlikely enough not to pay for its verify row and draft step
         # at the rate a batch's second row costs; `_select` then cuts along the measured cost curve.
         gate = self.costs.break_even_confidence(batch) if self.fallback else None
+        drafting = shared if gate is None else self._worth_drafting(shared, gate)
+        if not drafting:  # no sequence expected to pay for its draft: a plain step
+            self.stats.fallback_steps += 1
+            self.stats.speculating = False
+            self._since_plain = 0
+            free = self.drafter.propose_free(shared, k)
+            if free is not None:
+                self._use(shared, self._select(free.drafts))
+            return
         floors = [c for c in (self.policy.min_confidence, gate) if c is not None]
         shape = self._pick_shape(batch)
+        # the step's yield counts every shared sequence (those not drafted for emit their one token)
         self._step = DraftingStep(batch, batch, probe=self._probed, shape=shape)
-        self._draft(shared, k, max(floors) if floors else None, select=self.fallback, shape=shape)
+        self._draft(drafting, k, max(floors) if floors else None, select=self.fallback, shape=shape)
+
+    def _worth_drafting(self, shared: list[Request], gate: float) -> list[Request]:
+        """The per-sequence choice: the sequences whose recent acceptance (decayed, with the batch's
+        alpha as a prior worth 2 tokens) beats the confidence a draft token must have to pay for its
+        row and draft step; the others decode plainly, each probed again after a run of plain steps
+        (as the batch's retry: 4, doubling to 16 while probes do not lift it). At batch 16 a drafting
+        step for every sequence first catches the draft up on all of their tokens, ~13 ms of a ~23 ms
+        step on the 2-core CPU, so drafting only where it is expected to pay is what keeps a batch of
+        unpredictable sequences at regular decoding's speed."""
+        prior = self.costs.alpha if self.costs.alpha is not None else self.prior_alpha
+        keep = []
+        for r in shared:
+            num, den = self._recent.get(r.request_id, (0.0, 0.0))
+            if (num + 2 * prior) / (den + 2) >= gate:
+                self._own_plain.pop(r.request_id, None)
+                keep.append(r)
+            elif self._probe_due(r.request_id):
+                keep.append(r)
+        return keep
+
+    def _probe_due(self, rid: str) -> bool:
+        """Count one more plain step for a request its fallback keeps plain; True when one drafting step
+        should measure it again (the wait then doubles, up to retry_max, until drafting pays again)."""
+        since, retry = self._own_plain.get(rid, (0, self.retry_every))
+        if since + 1 >= retry:
+            self._own_plain[rid] = (0, min(2 * retry, self.retry_max))
+            return True
+        self._own_plain[rid] = (since + 1, retry)
+        return False
 
     def _pick_shape(self, batch: int) -> str:
         """Chain or tree for this drafting step: as configured, or ("auto") the shape whose drafting
@@ -318,6 +364,10 @@ class SpeculativeDecoder:
         for i, r in enumerate(requests):
             if self._seeded(r):
                 self.own_policies[r.request_id].update([depths[i]], [accepted[i]], [confidences[i]])
+            elif depths[i]:
+                num, den = self._recent.get(r.request_id, (0.0, 0.0))
+                d = RECENT_DECAY
+                self._recent[r.request_id] = (d * num + accepted[i], d * den + accepted[i] + (accepted[i] < depths[i]))
         self.costs.record_acceptance(sum(accepted), rejections)
         s = self.stats
         s.spec_steps += 1
@@ -414,17 +464,13 @@ class SpeculativeDecoder:
         if best:
             self._own_plain.pop(r.request_id, None)
             return best
-        since, retry = self._own_plain.get(r.request_id, (0, self.retry_every))
-        if since + 1 >= retry:  # probe; the next wait doubles unless the probe's acceptance lifts alpha
-            self._own_plain[r.request_id] = (0, min(2 * retry, self.retry_max))
-            return k
-        self._own_plain[r.request_id] = (since + 1, retry)
-        return 0
+        return k if self._probe_due(r.request_id) else 0
 
     def release(self, request: Request) -> None:
         request.draft = None
         self.own_policies.pop(request.request_id, None)
         self._own_plain.pop(request.request_id, None)
+        self._recent.pop(request.request_id, None)
         self.drafter.release(request)
 
     def hierarchy(self) -> dict:

@@ -1,5 +1,6 @@
 """Draft-length policies (BASS Algorithm 1 by hand), the cost model's choice, and prompt lookup."""
 import pytest
+import torch
 
 from specserve.drafters.prompt_lookup import PromptLookupDrafter
 from specserve.spec import CostModel
@@ -427,3 +428,54 @@ def test_a_seeded_request_drafts_only_as_far_as_a_token_pays_for_its_verify_row(
         floors.append(drafter.floors[-1])
         assert floors[-1] == spec.costs.break_even_confidence(best_of or 1, calibrated_only=True)
     assert len(drafter.floors) == 2 and 0 < floors[0] < floors[1] < 1
+
+
+def test_a_drafting_step_drafts_only_for_the_sequences_expected_to_pay():
+    """The per-sequence choice: in a batch where drafting pays, sequences whose recent acceptance is
+    below the break-even confidence decode plainly (no draft pass, no catch-up, no verify rows), and
+    are probed again after 4 plain steps, then 8; the others draft every step."""
+    from specserve.drafters.base import Draft, Drafter, Proposal
+    from specserve.spec import SpeculativeDecoder
+    from specserve.types import Request, RequestStatus, SamplingParams
+
+    class Always(Drafter):
+        def propose(self, requests, max_len, min_confidence=None, tree=None):
+            return Proposal([Draft([1] * max_len, None, [0.99] * max_len) for _ in requests])
+
+    def decoding(rid):
+        r = Request(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=64))
+        r.output_token_ids = [8]
+        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
+        return r
+
+    spec = SpeculativeDecoder(Always(), lambda: make_policy("fixed", 2), plain_every=1000)
+    for rows, ms in {1: 10, 2: 11, 4: 13, 8: 17, 16: 25}.items():
+        spec.costs.record_calibration(rows, ms / 1e3)
+    spec.costs.record_target(4, 13e-3, batch=4)  # plain: 4 tokens per 13 ms
+    spec.costs.record_draft(4, 1e-3)
+    spec.costs.record_yield(4, tokens=8, draft_seconds=2e-3, step_seconds=15e-3)  # drafting: 8 per 17 ms, pays
+    assert spec.costs.break_even_confidence(4) == pytest.approx((4 * 1 + 1) / 13)
+    reqs = [decoding(rid) for rid in ("good1", "bad1", "good2", "bad2")]
+    for rid in ("good1", "good2"):
+        spec._recent[rid] = (8.0, 10.0)  # (8 + 2 * 0.5) / 12 = 0.75 with the prior: above 0.385
+    for rid in ("bad1", "bad2"):
+        spec._recent[rid] = (0.0, 10.0)  # 1 / 12: below
+    patterns = {r.request_id: "" for r in reqs}
+    for _ in range(13):
+        for r in reqs:
+            r.draft = None
+        spec._step = None
+        spec.propose(reqs)
+        for r in reqs:
+            patterns[r.request_id] += "D" if r.draft is not None else "."
+    assert patterns["good1"] == patterns["good2"] == "D" * 13
+    assert patterns["bad1"] == patterns["bad2"] == "...D.......D."
+    spec.release(reqs[1])
+    assert "bad1" not in spec._recent and "bad1" not in spec._own_plain
+    # verification moves a sequence's recent acceptance: 1 of its 2 drafts accepted, then a rejection
+    good = reqs[0]
+    good.draft = Draft([1, 1], None, [0.99, 0.99])
+    logits = torch.zeros(3, 4)
+    logits[0, 1] = logits[1, 2] = logits[2, 3] = 1.0  # the target takes draft 1, then wants 2 (not 1)
+    spec.verify([good], [logits], [None])
+    assert spec._recent["good1"] == pytest.approx((0.8 * 8 + 1, 0.8 * 10 + 2))
