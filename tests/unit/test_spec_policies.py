@@ -479,3 +479,19 @@ def test_a_drafting_step_drafts_only_for_the_sequences_expected_to_pay():
     logits[0, 1] = logits[1, 2] = logits[2, 3] = 1.0  # the target takes draft 1, then wants 2 (not 1)
     spec.verify([good], [logits], [None])
     assert spec._recent["good1"] == pytest.approx((0.8 * 8 + 1, 0.8 * 10 + 2))
+
+
+def test_a_plain_sequence_is_probed_less_often_where_its_share_of_a_step_is_small():
+    """A probe that finds nothing costs a draft pass and a verify row; the wait between a sequence's
+    probes grows until that is 2% of its plain decoding: retry_max (16) at batch 1, where a sequence
+    has the whole step, 72 steps at batch 16 on this curve."""
+    from specserve.drafters.base import Drafter
+    from specserve.spec import SpeculativeDecoder
+
+    spec = SpeculativeDecoder(Drafter(), lambda: make_policy("fixed", 2))
+    assert spec._probe_wait(16) == spec.retry_max == 16  # nothing measured yet
+    for rows, ms in {1: 10, 2: 11, 4: 13, 8: 17, 16: 25, 32: 45}.items():
+        spec.costs.record_calibration(rows, ms / 1e3)
+    spec.costs.record_draft(1, 1e-3)
+    assert spec._probe_wait(1) == 16  # (1 + 1) ms / (0.02 * 10 ms) = 10 steps: retry_max
+    assert spec._probe_wait(16) in (72, 73)  # (1 + 1.25) ms / (0.02 * 25 / 16 ms), rounded up
