@@ -287,6 +287,7 @@ class Request:
     leader: Optional["Request"] = None  # for WAITING_FOR_FORK siblings
     spec_drafted: list[int] = field(default_factory=list)  # draft tokens per verify step
     spec_accepted: list[int] = field(default_factory=list)  # of which accepted
+    spec_origin: list[TokenOrigin] = field(default_factory=list)  # whose draft each verify step verified
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -66,8 +66,9 @@ class PromptLookupDrafter(Drafter):
         """Count what this request's copy (if one was verified this step: `request.spec_drafted` has
         grown by one since it was proposed) got accepted."""
         got = self.proposed.pop(request.request_id, None)
-        if got is None or len(request.spec_drafted) != got[1] + 1:
-            return  # no copy of ours was verified (cut by the selection, or dropped by the scheduler)
+        if got is None or len(request.spec_drafted) != got[1] + 1 or request.spec_origin[-1] != TokenOrigin.LOOKUP:
+            return  # no copy of ours was verified (cut by the selection, dropped by the scheduler, another
+            # drafter's draft chosen instead: drafters/auto.py)
         n, tried, acc = min(got[0], max(LOOKUP_CONFIDENCE)), request.spec_drafted[-1], request.spec_accepted[-1]
         if tried == 0:
             return

@@ -397,9 +397,10 @@ class SpeculativeDecoder:
         s.record_positions(depths, accepted)
         s.tree_spans += len(trees)
         s.tree_nodes += sum(drafted[i] for i in trees)
-        for r, a, n in zip(requests, accepted, drafted):
+        for r, a, n, d in zip(requests, accepted, drafted, drafts):
             r.spec_drafted.append(n)
             r.spec_accepted.append(a)
+            r.spec_origin.append(d.origin)
         return [Verified(n, len(path), e, (0,) + tuple(j + 1 for j in path), depth, d.origin)
                 for n, path, e, depth, d in zip(drafted, paths, emitted, depths, drafts)]
 

@@ -5,7 +5,7 @@ import torch
 from specserve.drafters.prompt_lookup import PromptLookupDrafter
 from specserve.spec import CostModel
 from specserve.spec.policies import BassPolicy, FixedPolicy, ThresholdPolicy, make_policy
-from specserve.types import Request, SamplingParams
+from specserve.types import Request, SamplingParams, TokenOrigin
 
 
 def test_bass_algorithm_1_by_hand():
@@ -312,6 +312,7 @@ def test_lookup_confidence_follows_what_copies_get_accepted():
         d.propose([r], 4)
         r.spec_drafted.append(1)
         r.spec_accepted.append(0)
+        r.spec_origin.append(TokenOrigin.LOOKUP)
         d.observe(r, 0, None, 0)
     own = d.propose([r], 4).drafts[0].confidence[0]
     other = d.propose([Request("b", [1, 2, 3, 9, 1, 2, 3], SamplingParams())], 4).drafts[0].confidence[0]

@@ -92,3 +92,36 @@ def test_finished_outputs_are_drafted_for_later_requests():
     d.propose([preempted], 4)
     d.release(preempted)  # not finished: its output is not cached
     assert ("live", "c") not in d.index and len(d.cached) == 1
+
+
+def test_shares_are_scaled_by_what_verification_measured_of_them():
+    """A single earlier occurrence drafts its first token at 2/3; when such drafts keep being rejected
+    (chat), the confidences shrink towards what was measured, and only verified suffix drafts count
+    (another drafter's draft chosen by auto, or a draft the selection cut, change nothing)."""
+    d = SuffixDrafter(max_nodes=15)
+    first = _request("a", [1, 2, 3], [10, 11, 12, 13, 14, 15, 16, 17])
+    first.status, first.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
+    d.propose([first], 8)
+    d.release(first)
+    later = _request("b", [7, 7, 10, 11, 12, 13])
+
+    def verified(origin, drafted, accepted):
+        d.propose([later], 8)
+        later.spec_drafted.append(drafted)
+        later.spec_accepted.append(accepted)
+        later.spec_origin.append(origin)
+        d.observe(later, 0, None, accepted)
+
+    for _ in range(10):
+        verified(TokenOrigin.LOOKUP, 4, 0)  # not ours
+    d.propose([later], 8)
+    d.observe(later, 0, None, 0)  # ours, but cut by the selection: no verify step
+    assert d.scale == 1.0
+    for _ in range(30):
+        verified(TokenOrigin.SUFFIX, 4, 0)  # ours, rejected at the first token
+    conf = d.propose([later], 8).drafts[0].confidence
+    assert d.scale == pytest.approx(10 / (10 + 2 / 3 * sum(0.995 ** i for i in range(30))))
+    assert conf[0] == pytest.approx(2 / 3 * d.scale) and conf[0] < 0.25
+    for _ in range(200):
+        verified(TokenOrigin.SUFFIX, 4, 4)  # now always accepted: confidences recover (capped at 0.99)
+    assert 2 / 3 < 0.85 < d.propose([later], 8).drafts[0].confidence[0] <= 0.99  # above the raw share
