@@ -110,7 +110,7 @@ class SpeculativeDecoder:
         self._own_plain: dict[str, tuple[int, int]] = {}
         # A shared request's recent acceptance: decayed [accepted, accepted + rejections] of its verify
         # steps (per-sequence choice: which sequences a drafting step drafts for)
-        self._recent: dict[str, list[float]] = {}
+        self._recent: dict[str, tuple[float, float]] = {}
         # A weak prior so the first steps already weigh drafting against plain decoding.
         self.prior_alpha = prior_alpha
         self.costs = CostModel(prior_alpha=prior_alpha)
@@ -204,7 +204,7 @@ class SpeculativeDecoder:
         # Drafting stops where a token is unlikely enough not to pay for its verify row and draft step
         # at the rate a batch's second row costs; `_select` then cuts along the measured cost curve.
         gate = self.costs.break_even_confidence(batch) if self.fallback else None
-        drafting = shared if gate is None else self._worth_drafting(shared, gate)
+        drafting = shared if gate is None else self._worth_drafting(shared, gate, self._probed)
         if not drafting:  # no sequence expected to pay for its draft: a plain step
             self.stats.fallback_steps += 1
             self.stats.speculating = False
@@ -219,24 +219,32 @@ class SpeculativeDecoder:
         self._step = DraftingStep(batch, batch, probe=self._probed, shape=shape)
         self._draft(drafting, k, max(floors) if floors else None, select=self.fallback, shape=shape)
 
-    def _worth_drafting(self, shared: list[Request], gate: float) -> list[Request]:
+    def _worth_drafting(self, shared: list[Request], gate: float, probe: bool = False) -> list[Request]:
         """The per-sequence choice: the sequences whose recent acceptance (decayed, with the batch's
         alpha as a prior worth 2 tokens) beats the confidence a draft token must have to pay for its
         row and draft step; the others decode plainly, each probed again after a run of plain steps
-        (as the batch's retry: 4, doubling to 16 while probes do not lift it). At batch 16 a drafting
-        step for every sequence first catches the draft up on all of their tokens, ~13 ms of a ~23 ms
-        step on the 2-core CPU, so drafting only where it is expected to pay is what keeps a batch of
-        unpredictable sequences at regular decoding's speed."""
+        (4, doubling up to _probe_wait while probes do not lift it). A drafting step for every sequence
+        of a batch of 16 first catches the draft up on all of their tokens (over half a plain step on
+        the 2-core CPU), so drafting only where it is expected to pay is what keeps a batch of
+        unpredictable sequences near regular decoding's speed (bench/results/auto-ab-*.md). probe: the
+        batch's own probe after plain steps, which drafts for one sequence at least (the likeliest):
+        without it, a sequence left out after one rejected draft waited for its own probe to come
+        round on the batch's probes, and a code prompt at batch 1 drafted once in 96 tokens."""
         prior = self.costs.alpha if self.costs.alpha is not None else self.prior_alpha
         longest = self._probe_wait(len(shared))
-        keep = []
+        alphas = {}
         for r in shared:
             num, den = self._recent.get(r.request_id, (0.0, 0.0))
-            if (num + 2 * prior) / (den + 2) >= gate:
+            alphas[r.request_id] = (num + 2 * prior) / (den + 2)
+        keep = []
+        for r in shared:
+            if alphas[r.request_id] >= gate:
                 self._own_plain.pop(r.request_id, None)
                 keep.append(r)
             elif self._probe_due(r.request_id, longest):
                 keep.append(r)
+        if not keep and probe:
+            keep = [max(shared, key=lambda r: alphas[r.request_id])]
         return keep
 
     def _probe_wait(self, batch: int) -> int:

@@ -471,6 +471,10 @@ def test_a_drafting_step_drafts_only_for_the_sequences_expected_to_pay():
             patterns[r.request_id] += "D" if r.draft is not None else "."
     assert patterns["good1"] == patterns["good2"] == "D" * 13
     assert patterns["bad1"] == patterns["bad2"] == "...D.......D."
+    # the batch's own probe (after its plain steps) drafts for one sequence at least, the likeliest
+    spec._recent["bad2"] = (1.0, 10.0)
+    assert spec._worth_drafting([reqs[1], reqs[3]], 0.385) == []
+    assert spec._worth_drafting([reqs[1], reqs[3]], 0.385, probe=True) == [reqs[3]]
     spec.release(reqs[1])
     assert "bad1" not in spec._recent and "bad1" not in spec._own_plain
     # verification moves a sequence's recent acceptance: 1 of its 2 drafts accepted, then a rejection
