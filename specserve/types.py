@@ -319,6 +319,12 @@ class Request:
         p = len(self.prompt_token_ids)
         return self.prompt_token_ids[a:min(b, p)] + self.output_token_ids[max(0, a - p):max(0, b - p)]
 
+    def verified_draft_of(self, steps_before: int, origin: "TokenOrigin") -> bool:
+        """Whether exactly one verify step came after the `steps_before` it had when a drafter proposed,
+        and it verified that drafter's draft (`origin`): not cut by the selection, dropped by the
+        scheduler, or another drafter's chosen instead (drafters/auto.py)."""
+        return len(self.spec_drafted) == steps_before + 1 and self.spec_origin[-1] == origin
+
     def token_at(self, i: int) -> int:
         p = len(self.prompt_token_ids)
         return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]

@@ -66,9 +66,8 @@ class PromptLookupDrafter(Drafter):
         """Count what this request's copy (if one was verified this step: `request.spec_drafted` has
         grown by one since it was proposed) got accepted."""
         got = self.proposed.pop(request.request_id, None)
-        if got is None or len(request.spec_drafted) != got[1] + 1 or request.spec_origin[-1] != TokenOrigin.LOOKUP:
-            return  # no copy of ours was verified (cut by the selection, dropped by the scheduler, another
-            # drafter's draft chosen instead: drafters/auto.py)
+        if got is None or not request.verified_draft_of(got[1], TokenOrigin.LOOKUP):
+            return  # no copy of ours was verified this step
         n, tried, acc = min(got[0], max(LOOKUP_CONFIDENCE)), request.spec_drafted[-1], request.spec_accepted[-1]
         if tried == 0:
             return

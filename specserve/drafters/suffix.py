@@ -60,9 +60,9 @@ class SuffixDrafter(Drafter):
                 self.index.extend(sid, [r.token_at(i) for i in range(have, r.num_tokens)])
             t = self.index.draft(self.index.seqs[sid], self.max_nodes, MAX_SPEC_FACTOR, MIN_PROB, max_depth=max_len)
             d = self._as_draft(t, min_confidence, self.scale)
-            if d.tokens:  # its likeliest first token, what the selection keeps first
-                self.proposed[r.request_id] = (max(c for c, p in zip(d.confidence, d.parents or [-1]) if p < 0)
-                                               / self.scale, len(r.spec_drafted))
+            if d.tokens:  # the share of its likeliest first token, what the selection keeps first
+                first = max(_share(p, n) for p, n, parent in zip(t.probs, t.support, t.parents) if parent < 0)
+                self.proposed[r.request_id] = (first, len(r.spec_drafted))
             drafts.append(d)
         return Proposal(drafts)
 
@@ -70,15 +70,15 @@ class SuffixDrafter(Drafter):
         """Count whether the first token of this request's suffix draft, if one was verified this step,
         was accepted, against the share it was drafted with."""
         got = self.proposed.pop(request.request_id, None)
-        if got is None or len(request.spec_drafted) != got[1] + 1 or request.spec_origin[-1] != TokenOrigin.SUFFIX:
-            return  # none of ours verified (cut, dropped, or another drafter's chosen: drafters/auto.py)
+        if got is None or not request.verified_draft_of(got[1], TokenOrigin.SUFFIX):
+            return  # no draft of ours was verified this step
         if request.spec_drafted[-1]:
             acc, promised = self.calibration
             self.calibration = [DECAY * acc + (request.spec_accepted[-1] >= 1), DECAY * promised + got[0]]
 
     @staticmethod
     def _as_draft(t, min_confidence: Optional[float], scale: float = 1.0) -> Draft:
-        conf = [min(0.99, scale * (p * n + 1) / (n + 2)) for p, n in zip(t.probs, t.support)]
+        conf = [min(0.99, scale * _share(p, n)) for p, n in zip(t.probs, t.support)]
         chain = all(p == i - 1 for i, p in enumerate(t.parents))
         d = Draft(t.tokens, None, conf, None if chain else list(t.parents), TokenOrigin.SUFFIX)
         if min_confidence is not None and d.tokens:
@@ -100,3 +100,8 @@ class SuffixDrafter(Drafter):
             self.cached.append(sid)
             while len(self.cached) > self.max_cached:
                 self.index.remove(self.cached.popleft())
+
+
+def _share(prob: float, support: int) -> float:
+    """A node's share of the occurrences, shrunk towards 1/2 for few: (count + 1) / (total + 2)."""
+    return (prob * support + 1) / (support + 2)

@@ -186,16 +186,9 @@ class SpeculativeDecoder:
                 self._probed = False
             refresh = bool(k) and pays is True and self._since_plain >= self.plain_every
             if k == 0 or refresh:
-                self.stats.fallback_steps += 1
-                self.stats.speculating = False
-                self._since_plain = 0
-                if refresh:
-                    return  # a bare plain step: free drafts' rows would spoil its timing
-                self._since_spec += 1
-                # Free drafts (lookups) are still verified where they pay.
-                free = self.drafter.propose_free(shared, self.policy.draft_len())
-                if free is not None:
-                    self._use(shared, self._select(free.drafts))
+                # refresh: a bare plain step, as free drafts' rows would spoil its timing
+                self._plain_step(shared, None if refresh else self.policy.draft_len())
+                self._since_spec += not refresh
                 return
         else:
             self._probed = self.fallback and self._since_spec > 0
@@ -206,18 +199,22 @@ class SpeculativeDecoder:
         gate = self.costs.break_even_confidence(batch) if self.fallback else None
         drafting = shared if gate is None else self._worth_drafting(shared, gate, self._probed)
         if not drafting:  # no sequence expected to pay for its draft: a plain step
-            self.stats.fallback_steps += 1
-            self.stats.speculating = False
-            self._since_plain = 0
-            free = self.drafter.propose_free(shared, k)
-            if free is not None:
-                self._use(shared, self._select(free.drafts))
+            self._plain_step(shared, k)
             return
         floors = [c for c in (self.policy.min_confidence, gate) if c is not None]
         shape = self._pick_shape(batch)
         # the step's yield counts every shared sequence (those not drafted for emit their one token)
         self._step = DraftingStep(batch, batch, probe=self._probed, shape=shape)
         self._draft(drafting, k, max(floors) if floors else None, select=self.fallback, shape=shape)
+
+    def _plain_step(self, shared: list[Request], free_len: Optional[int]) -> None:
+        """A step without model drafts for the shared batch; free drafts (lookups) of up to free_len
+        tokens are still verified where they pay (None: none, a bare plain step)."""
+        self.stats.fallback_steps += 1
+        self.stats.speculating = False
+        self._since_plain = 0
+        if free_len is not None and (proposal := self.drafter.propose_free(shared, free_len)) is not None:
+            self._use(shared, self._select(proposal.drafts))
 
     def _worth_drafting(self, shared: list[Request], gate: float, probe: bool = False) -> list[Request]:
         """The per-sequence choice: the sequences whose recent acceptance (decayed, with the batch's
@@ -231,7 +228,7 @@ class SpeculativeDecoder:
         without it, a sequence left out after one rejected draft waited for its own probe to come
         round on the batch's probes, and a code prompt at batch 1 drafted once in 96 tokens."""
         prior = self.costs.alpha if self.costs.alpha is not None else self.prior_alpha
-        longest = self._probe_wait(len(shared))
+        longest = None  # the wait cap, computed once and only if some sequence is below the gate
         alphas = {}
         for r in shared:
             num, den = self._recent.get(r.request_id, (0.0, 0.0))
@@ -241,8 +238,10 @@ class SpeculativeDecoder:
             if alphas[r.request_id] >= gate:
                 self._own_plain.pop(r.request_id, None)
                 keep.append(r)
-            elif self._probe_due(r.request_id, longest):
-                keep.append(r)
+            else:
+                longest = longest or self._probe_wait(len(shared))
+                if self._probe_due(r.request_id, longest):
+                    keep.append(r)
         if not keep and probe:
             keep = [max(shared, key=lambda r: alphas[r.request_id])]
         return keep
