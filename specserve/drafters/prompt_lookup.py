@@ -33,6 +33,7 @@ class PromptLookupDrafter(Drafter):
         self.counts = {n: [0.0, 0.0, 0.0, 0.0] for n in LOOKUP_CONFIDENCE}
         self.own: dict[str, dict[int, list[float]]] = {}  # the same per request
         self.proposed: dict[str, tuple[int, int]] = {}  # rid -> (n-gram, verify steps before this draft)
+        self.index: dict[str, NgramIndex] = {}  # rid -> where its n-grams last occurred
 
     def confidence(self, ngram: int, num_tokens: int, rid: Optional[str] = None) -> list[float]:
         """Estimated acceptance of each of a copy's tokens: the measured rates for its n-gram length,
@@ -52,7 +53,10 @@ class PromptLookupDrafter(Drafter):
                 tree=None) -> Proposal:
         drafts = []
         for r in requests:
-            tokens, ngram = self._lookup(r.all_token_ids, max_len)
+            index = self.index.get(r.request_id)
+            if index is None:
+                index = self.index[r.request_id] = NgramIndex(self.min_ngram, self.max_ngram)
+            tokens, ngram = index.lookup(r.all_token_ids, max_len)
             drafts.append(Draft(tokens, None, self.confidence(ngram, len(tokens), r.request_id) if tokens else [],
                                 origin=TokenOrigin.LOOKUP))
             if tokens:
@@ -80,17 +84,46 @@ class PromptLookupDrafter(Drafter):
     def release(self, request: Request) -> None:
         self.own.pop(request.request_id, None)
         self.proposed.pop(request.request_id, None)
+        self.index.pop(request.request_id, None)
 
-    def _lookup(self, ids: list[int], k: int) -> tuple[list[int], int]:
-        """Up to k tokens that followed the latest earlier occurrence of the longest matching tail
-        n-gram, and n."""
+
+def lookup_scan(ids: list[int], k: int, min_ngram: int, max_ngram: int) -> tuple[list[int], int]:
+    """The reference lookup: up to k tokens that followed the latest earlier occurrence of the longest
+    matching tail n-gram, and n (a backward scan over the whole sequence; NgramIndex answers the same)."""
+    n_ids = len(ids)
+    for n in range(min(max_ngram, n_ids - 1), min_ngram - 1, -1):
+        tail = ids[n_ids - n:]
+        # The most recent earlier match wins (closest context); scan backwards.
+        for start in range(n_ids - n - 1, -1, -1):
+            if ids[start:start + n] == tail:
+                follow = ids[start + n:start + n + k]
+                if follow:
+                    return follow, n
+    return [], 0
+
+
+class NgramIndex:
+    """One sequence's n-grams (min_ngram..max_ngram tokens) -> where each last started, among those
+    followed by a token: `lookup_scan`'s answer without scanning. A sequence only grows (drafts never
+    enter its tokens), so each lookup indexes just the tokens added since the last: at batch 16 the
+    backward scans took ~20 us per sequence and step of Python, a few percent of a plain step."""
+
+    def __init__(self, min_ngram: int, max_ngram: int):
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+        self.last: dict[tuple[int, ...], int] = {}
+        self.done = 0  # n-grams ending before this position are indexed
+
+    def lookup(self, ids: list[int], k: int) -> tuple[list[int], int]:
         n_ids = len(ids)
+        if n_ids < self.done:  # not the sequence indexed (cannot happen in the engine): start again
+            self.last, self.done = {}, 0
+        # index the n-grams that end before the last token (so each has a follower)
+        for end in range(self.done, n_ids - 1):
+            for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
+                self.last[tuple(ids[end + 1 - n:end + 1])] = end + 1 - n
+        self.done = max(self.done, n_ids - 1)
         for n in range(min(self.max_ngram, n_ids - 1), self.min_ngram - 1, -1):
-            tail = ids[n_ids - n:]
-            # The most recent earlier match wins (closest context); scan backwards.
-            for start in range(n_ids - n - 1, -1, -1):
-                if ids[start:start + n] == tail:
-                    follow = ids[start + n:start + n + k]
-                    if follow:
-                        return follow, n
+            start = self.last.get(tuple(ids[n_ids - n:]))
+            if start is not None:
+                return ids[start + n:start + n + k], n
         return [], 0

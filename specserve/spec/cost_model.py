@@ -210,6 +210,18 @@ class CostModel:
         t_row = max(0.0, t_more - t_plain) / batch
         return min(1.0, (batch * t_row + t_draft) / t_plain)
 
+    def rows_can_pay(self, batch: int, max_rows: int) -> bool:
+        """Whether some number n <= max_rows of verify rows on top of a plain step of `batch` sequences
+        could pay for itself even if every drafted token were certain (n tokens against the plain
+        tokens their time would give): the bound select_drafts cannot beat. At batch 16 on the 2-core
+        CPU a 17th row costs more than a plain token (the products are compute-bound past ~8 rows), so
+        no draft, lookup or probe there can be verified, and proposing them is pure overhead."""
+        curve = self.step_curve(batch, batch + max_rows, batch)
+        if curve is None or max_rows <= 0:
+            return curve is None  # unmeasured: let the drafting path decide
+        plain_rate = batch / curve[0]
+        return any(n > plain_rate * (t - curve[0]) for n, t in enumerate(curve[1:], start=1))
+
     def best_len(self, batch: int, k: int, margin: float = 1.05, **kw) -> Optional[int]:
         """The draft length <= k with the most predicted tokens per second (None: not measured yet).
         Drafting must beat plain decoding by `margin`: a bet predicted to break even loses on average

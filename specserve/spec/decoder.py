@@ -86,6 +86,14 @@ RECENT_DECAY = 0.8
 # What a plain sequence's probes may cost, as a share of its plain decoding (spec/decoder._probe_wait),
 # and the longest wait between them.
 PROBE_BUDGET, MAX_PROBE_WAIT = 0.02, 256
+# Above this break-even confidence plain sequences are not probed: the draft's first tokens are
+# accepted 0.64-0.84 of the time on code (bench/results/spec-cpu-20261124-080855.md) and less on prose,
+# so a probe there (which first catches the draft up on every token the sequence decoded plainly: ~7 ms
+# at batch 16 on the 2-core CPU, a third of a step) cannot find a draft that pays.
+PROBE_MAX_GATE = 0.9
+# How many extra rows a step's "could any draft pay?" check looks along the cost curve (two AVX-512
+# row groups past a batch of 16; the scan runs every step).
+MAX_PAYING_ROWS = 32
 
 
 class SpeculativeDecoder:
@@ -169,6 +177,11 @@ class SpeculativeDecoder:
             return
         k = self.policy.draft_len()
         batch = len(shared)
+        if self.fallback and not self.costs.rows_can_pay(batch, min(batch * max(k, 1), MAX_PAYING_ROWS)):
+            # Not even a certain draft token would pay for its row at this batch size: a bare plain
+            # step, without the draft pass, lookups or probes that the selection would all cut.
+            self._plain_step(shared, None)
+            return
         if self.fallback and self._since_spec < self._retry:
             # Draft when drafting steps at this batch size have been paying; before any has been
             # measured, when the acceptance rate predicts it pays. After a run of plain steps, one
@@ -226,7 +239,8 @@ class SpeculativeDecoder:
         unpredictable sequences near regular decoding's speed (bench/results/auto-ab-*.md). probe: the
         batch's own probe after plain steps, which drafts for one sequence at least (the likeliest):
         without it, a sequence left out after one rejected draft waited for its own probe to come
-        round on the batch's probes, and a code prompt at batch 1 drafted once in 96 tokens."""
+        round on the batch's probes, and a code prompt at batch 1 drafted once in 96 tokens. No probes
+        where the gate is above PROBE_MAX_GATE (batch 8 and more on the 2-core CPU)."""
         prior = self.costs.alpha if self.costs.alpha is not None else self.prior_alpha
         longest = None  # the wait cap, computed once and only if some sequence is below the gate
         alphas = {}
@@ -238,11 +252,11 @@ class SpeculativeDecoder:
             if alphas[r.request_id] >= gate:
                 self._own_plain.pop(r.request_id, None)
                 keep.append(r)
-            else:
+            elif gate < PROBE_MAX_GATE:
                 longest = longest or self._probe_wait(len(shared))
                 if self._probe_due(r.request_id, longest):
                     keep.append(r)
-        if not keep and probe:
+        if not keep and probe and gate < PROBE_MAX_GATE:
             keep = [max(shared, key=lambda r: alphas[r.request_id])]
         return keep
 

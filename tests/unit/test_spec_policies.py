@@ -204,6 +204,27 @@ def test_prompt_lookup_copies_what_followed_the_last_ngram():
     assert PromptLookupDrafter().propose([r2], 4).drafts[0].tokens == []
 
 
+def test_the_ngram_index_answers_as_the_backward_scan_as_a_sequence_grows():
+    """NgramIndex (incremental, what the drafter uses) against lookup_scan (the reference) on random
+    sequences over small and large vocabularies, growing by 1-3 tokens between lookups."""
+    import random
+
+    from specserve.drafters.prompt_lookup import NgramIndex, lookup_scan
+    rng = random.Random(0)
+    found = 0
+    for _ in range(200):
+        vocab = rng.choice([2, 3, 5, 20, 200])
+        ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 30))]
+        index = NgramIndex(1, 4)
+        for _ in range(40):
+            k = rng.randrange(1, 8)
+            got = index.lookup(ids, k)
+            assert got == lookup_scan(ids, k, 1, 4), (ids, k)
+            found += bool(got[0])
+            ids = ids + [rng.randrange(vocab) for _ in range(rng.randrange(1, 4))]
+    assert found > 1000  # most lookups found a match (the check is not vacuous)
+
+
 def test_seeded_requests_with_the_same_length_draft_in_one_pass():
     """Seeded sampled requests keep their own policies, but those with the same draft length share one
     drafter call per step (one per request was a draft pass per request per token: slow on a GPU)."""
@@ -500,3 +521,66 @@ def test_a_plain_sequence_is_probed_less_often_where_its_share_of_a_step_is_smal
     spec.costs.record_draft(1, 1e-3)
     assert spec._probe_wait(1) == 16  # (1 + 1) ms / (0.02 * 10 ms) = 10 steps: retry_max
     assert spec._probe_wait(16) in (72, 73)  # (1 + 1.25) ms / (0.02 * 25 / 16 ms), rounded up
+
+
+def test_no_drafts_lookups_or_probes_where_not_even_a_certain_token_pays_for_its_row():
+    """At a batch size whose next rows cost more than the plain tokens their time would give (the
+    2-core CPU at batch 16), the step is a bare plain step: the drafter is not asked for drafts or
+    free drafts, since the selection would cut them all. Where rows are cheap it drafts."""
+    from specserve.drafters.base import Draft, Drafter, Proposal
+    from specserve.spec import SpeculativeDecoder
+    from specserve.types import Request, RequestStatus, SamplingParams
+
+    class Counting(Drafter):
+        calls = 0
+
+        def propose(self, requests, max_len, min_confidence=None, tree=None):
+            Counting.calls += 1
+            return Proposal([Draft([1] * max_len, None, [0.99] * max_len) for _ in requests])
+
+        def propose_free(self, requests, max_len):
+            Counting.calls += 1
+            return None
+
+    def decoding(rid):
+        r = Request(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=64))
+        r.output_token_ids = [8]
+        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
+        return r
+
+    spec = SpeculativeDecoder(Counting(), lambda: make_policy("fixed", 2))
+    # rows 1-4 cheap (memory-bound), then each row costs more than a plain token at batch 4 and up
+    for rows, ms in {1: 10, 2: 11, 4: 13, 8: 30, 16: 64, 32: 132}.items():
+        spec.costs.record_calibration(rows, ms / 1e3)
+    assert spec.costs.rows_can_pay(1, 3) and spec.costs.rows_can_pay(2, 2)
+    assert not spec.costs.rows_can_pay(8, 16) and not spec.costs.rows_can_pay(16, 32)
+    batch = [decoding(str(i)) for i in range(8)]
+    for _ in range(20):
+        spec.propose(batch)
+    assert Counting.calls == 0 and all(r.draft is None for r in batch)
+    assert spec.stats.fallback_steps == 20
+    spec.propose(batch[:1])
+    assert Counting.calls == 1 and batch[0].draft is not None
+
+
+def test_plain_sequences_are_not_probed_where_the_gate_is_above_what_drafts_reach():
+    """Above PROBE_MAX_GATE (a draft token must be accepted 90% of the time to pay) a sequence below
+    the gate is not probed, and the batch's probe drafts for nobody: a probe first catches the draft
+    up on all the sequence's tokens, and the shipped draft's first tokens are not that good."""
+    from specserve.drafters.base import Drafter
+    from specserve.spec import SpeculativeDecoder
+    from specserve.spec.decoder import PROBE_MAX_GATE
+    from specserve.types import Request, SamplingParams
+
+    spec = SpeculativeDecoder(Drafter(), lambda: make_policy("fixed", 2))
+    reqs = [Request(str(i), [1, 2], SamplingParams(temperature=0)) for i in range(3)]
+    spec._recent["0"] = (99.0, 100.0)  # accepted 99% (98% with the prior): drafts even at a high gate
+    for rid in ("1", "2"):
+        spec._recent[rid] = (0.0, 10.0)
+    high, low = PROBE_MAX_GATE + 0.02, PROBE_MAX_GATE - 0.3
+    picked = [spec._worth_drafting(reqs, high, probe=True) for _ in range(40)]
+    assert all(p == [reqs[0]] for p in picked)
+    assert spec._worth_drafting(reqs[1:], high, probe=True) == []
+    # below the cap the same sequences are probed again after their waits
+    probed = sum(reqs[1] in spec._worth_drafting(reqs, low) for _ in range(40))
+    assert probed >= 2
