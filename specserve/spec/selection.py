@@ -3,12 +3,20 @@ from __future__ import annotations
 
 from ..types import Draft
 
+# A row must beat the plain tokens its time would give by this factor. The bare-pass curve leaves out
+# what a verify step adds per sequence (verification, roll-back, span attention), and the free drafts'
+# calibrated confidences ran ahead of what got accepted: 182 tokens expected, 163 accepted over the
+# verify steps of a batch-8 run beyond code, where the automatic choice was 4-7% behind regular
+# decoding (bench/results/auto-ab-20261125-033701.md).
+SELECT_MARGIN = 1.1
 
-def select_drafts(drafts: list[Draft], curve: list[float]) -> list[Draft]:
+
+def select_drafts(drafts: list[Draft], curve: list[float], margin: float = SELECT_MARGIN) -> list[Draft]:
     """Which draft tokens to verify. A token is accepted with about its cumulative confidence (the
     drafters' confidences are calibrated), and curve[n] is the measured time of a step with n draft
     rows on top of one row per sequence. A token is worth its row when its chance of acceptance beats
-    the tokens that row's time would give plain decoding (curve[0] / batch seconds per token): taking
+    the tokens that row's time would give plain decoding (curve[0] / batch seconds per token), by
+    `margin`: taking
     tokens by falling cumulative confidence (a sequence's tokens in order), keep the count with the
     most expected tokens beyond that cost. Time already spent drafting is sunk and changes nothing here.
     On a CPU the curve is not a line (kernel builds change with the rows: AVX up to 8, AMX past that,
@@ -27,7 +35,7 @@ def select_drafts(drafts: list[Draft], curve: list[float]) -> list[Draft]:
     best_n, best_surplus, expected = 0, 0.0, 0.0
     for n, t in enumerate(curve[1:len(candidates) + 1], start=1):
         expected += candidates[n - 1][0]
-        surplus = expected - plain_rate * (t - curve[0])
+        surplus = expected - margin * plain_rate * (t - curve[0])
         if surplus > best_surplus:
             best_n, best_surplus = n, surplus
     keep: list[list[int]] = [[] for _ in drafts]

@@ -118,7 +118,9 @@ def test_selection_keeps_the_prefix_that_pays_on_the_measured_curve():
     r = Request("0", [1, 2, 3] + list(range(10, 30)) + [1, 2, 3], SamplingParams())
     look = PromptLookupDrafter(max_ngram=3).propose([r], 10).drafts[0]
     assert len(look.tokens) == 10 and look.confidence == [0.73] + [0.85] * 9
-    assert len(select_drafts([look], [10 + 3 * n for n in range(11)])[0].tokens) == 6
+    assert len(select_drafts([look], [10 + 3 * n for n in range(11)], margin=1.0)[0].tokens) == 6
+    # with the default margin (a row must beat 1.1x its cost: 0.33 here) the 0.32 token goes too
+    assert len(select_drafts([look], [10 + 3 * n for n in range(11)])[0].tokens) == 5
     # a 1-gram match is a weak guess (a quarter of them are right): not worth a row here
     r1 = Request("1", [7, 40, 41, 42, 7], SamplingParams())
     weak = PromptLookupDrafter(max_ngram=3).propose([r1], 3).drafts[0]
