@@ -105,8 +105,9 @@ def lookup_scan(ids: list[int], k: int, min_ngram: int, max_ngram: int) -> tuple
 class NgramIndex:
     """One sequence's n-grams (min_ngram..max_ngram tokens) -> where each last started, among those
     followed by a token: `lookup_scan`'s answer without scanning. A sequence only grows (drafts never
-    enter its tokens), so each lookup indexes just the tokens added since the last: at batch 16 the
-    backward scans took ~20 us per sequence and step of Python, a few percent of a plain step."""
+    enter its tokens), so each lookup indexes just the tokens added since the last: the backward scan
+    took 20-90 us per sequence and step (87 us without a match in 400 tokens; the index: 4 us), a few
+    percent of a plain step at batch 16."""
 
     def __init__(self, min_ngram: int, max_ngram: int):
         self.min_ngram, self.max_ngram = min_ngram, max_ngram

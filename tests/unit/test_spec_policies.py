@@ -203,7 +203,11 @@ def test_prompt_lookup_copies_what_followed_the_last_ngram():
     d = PromptLookupDrafter(max_ngram=3).propose([r], 3).drafts[0]
     assert d.tokens == [7, 8, 1] and d.probs is None  # the most recent earlier match of [1, 2, 3]
     r2 = Request("1", [5, 6, 7], SamplingParams())
-    assert PromptLookupDrafter().propose([r2], 4).drafts[0].tokens == []
+    drafter = PromptLookupDrafter()
+    assert drafter.propose([r2], 4).drafts[0].tokens == []
+    assert "1" in drafter.index
+    drafter.release(r2)
+    assert "1" not in drafter.index  # a finished request's n-gram index goes with it
 
 
 def test_the_ngram_index_answers_as_the_backward_scan_as_a_sequence_grows():
