@@ -590,3 +590,43 @@ def test_plain_sequences_are_not_probed_where_the_gate_is_above_what_drafts_reac
     # below the cap the same sequences are probed again after their waits
     probed = sum(reqs[1] in spec._worth_drafting(reqs, low) for _ in range(40))
     assert probed >= 2
+
+
+def test_the_selection_prices_rows_at_the_whole_steps_batch_when_few_sequences_draft():
+    """At batch 8 the per-sequence choice drafts for one sequence only; its rows ride a step of 8, so
+    they are priced on the batch-8 curve (a row ~ a plain token here: 0.8-confidence tokens are cut),
+    not on batch 1's (a row a tenth of a token: they would all be verified)."""
+    from specserve.drafters.base import Draft, Drafter, Proposal
+    from specserve.spec import SpeculativeDecoder, select_drafts
+    from specserve.types import Request, RequestStatus, SamplingParams
+
+    class Likely(Drafter):
+        asked: list = []
+
+        def propose(self, requests, max_len, min_confidence=None, tree=None):
+            Likely.asked.append([r.request_id for r in requests])
+            return Proposal([Draft([1] * max_len, None, [0.8] * max_len) for _ in requests])
+
+    def decoding(rid):
+        r = Request(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=64))
+        r.output_token_ids = [8]
+        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
+        return r
+
+    curve_ms = {1: 10, 2: 11, 4: 13, 8: 17, 9: 19, 16: 27}
+    spec = SpeculativeDecoder(Likely(), lambda: make_policy("fixed", 2), plain_every=1000)
+    for rows, ms in curve_ms.items():
+        spec.costs.record_calibration(rows, ms / 1e3)
+    spec.costs.record_draft(8, 1e-3)
+    spec.costs.record_yield(8, tokens=16, draft_seconds=2e-3, step_seconds=20e-3)  # drafting has paid at 8
+    reqs = [decoding(str(i)) for i in range(8)]
+    spec._recent["0"] = (99.0, 100.0)  # the one sequence above the gate
+    for r in reqs[1:]:
+        spec._recent[r.request_id] = (0.0, 100.0)
+    spec.propose(reqs)
+    assert Likely.asked == [["0"]]  # the per-sequence choice drafted for the one sequence
+    assert all(r.draft is None for r in reqs)  # and the batch-8 curve cut its rows
+    # the same draft alone (batch 1): rows are cheap, both tokens verified
+    d = Draft([1, 1], None, [0.8, 0.8])
+    curve1 = [curve_ms[1] / 1e3, curve_ms[2] / 1e3, (curve_ms[2] + curve_ms[4]) / 2e3]
+    assert select_drafts([d], curve1)[0] is d
