@@ -75,8 +75,13 @@ class CostModel:
         if batch is not None and batch in self.scale:
             scale, measured = self.scale[batch], {}
         else:
-            # Without steps of this batch size: measured steps by rows, else the bare pass plus what
-            # steps measured so far cost beyond their bare pass.
+            # Without steps of this batch size: the bare pass plus what steps measured so far cost
+            # beyond theirs; for no batch size in particular, measured steps by rows where there are.
+            # A batch size without steps yet does not read those single steps (of any batch): they
+            # were noisy enough to make a 17th row look cheaper than the 16th, and a fresh engine's
+            # first batch of 16 then drafted for all its sequences.
+            if batch is not None:
+                measured = {}
             diffs = [self.target[r] - self.calibrated[r] for r in self.target if r in self.calibrated]
             extra = sum(diffs) / len(diffs) if diffs else 0.0
         if not self.calibrated:

@@ -82,6 +82,10 @@ def test_step_curve_scales_calibration_by_what_steps_of_the_batch_size_measure()
     assert c.scale[1] == pytest.approx(1.5)
     # no batch-4 step yet: the bare pass plus what measured steps cost beyond theirs (15 - 10 ms)
     assert c.step_seconds(8, 4) == pytest.approx(36e-3)
+    # a quick verify step of 4 rows at batch 2 does not make 4 rows look cheaper than 2 at batch 4
+    c.record_target(4, 12e-3, batch=2)
+    curve = c.step_curve(2, 4, 4)
+    assert curve[0] < curve[1] < curve[2]  # (the single step read directly: 12, 15, 12 ms)
 
 
 def test_break_even_confidence_from_measured_costs():
