@@ -213,7 +213,7 @@ class LLMEngine:
         expired = self._expire()
         spec = self.speculator
         if spec is not None:
-            spec.propose(self.scheduler.running)
+            spec.propose(self.scheduler.running, self.scheduler.prompt_rows_next())
             drafted = [(r, g) for r in self.scheduler.running if r.draft is not None and (g := self._guide(r)) is not None]
             if drafted:
                 self.guided.prune_drafts([r for r, _ in drafted], [g for _, g in drafted])

@@ -169,6 +169,11 @@ def test_sarathi_decodes_first_then_one_chunk_of_prompt_within_the_prefill_budge
     advance(out)
     out = s.schedule()  # and again: the prompt moves one chunk a step beside the decodes
     assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("0", 1), ("1", 1), ("2", 1), ("9", 9)]
+    # what a draft selection prices its rows on top of: the chunk the next step will carry
+    advance(out)
+    assert s.prompt_rows_next() == 9 == s.schedule().scheduled[-1].num_new_tokens
+    s.running = [r for r in s.running if r.request_id != "9"]  # no prompt left: decodes only
+    assert s.prompt_rows_next() == 0
 
 
 def test_sarathi_prompts_move_by_at_least_a_block_when_decodes_fill_the_chunk():

@@ -132,6 +132,18 @@ def test_selection_keeps_the_prefix_that_pays_on_the_measured_curve():
     assert select_drafts([weak], [10, 13, 16, 19])[0].tokens == []
 
 
+def test_rows_beside_a_prompt_chunk_are_priced_at_plain_decodings_token_rate():
+    """A step that also carries a prompt chunk starts its curve higher (here 20 ms for 4 decodes and the
+    chunk, 10 ms for the decodes alone); a row's 3 ms is worth 1.2 plain tokens at the decodes' rate,
+    not 0.6 at the slower rate of the step with the chunk, so a 0.8 draft is cut."""
+    from specserve.spec import select_drafts
+    from specserve.types import Draft
+    d = Draft([1], None, [0.8])
+    curve = [20e-3, 23e-3]
+    assert select_drafts([d, Draft(), Draft(), Draft()], curve)[0] is d  # priced at the chunk step's rate
+    assert select_drafts([d, Draft(), Draft(), Draft()], curve, plain_seconds=10e-3)[0].tokens == []
+
+
 def test_selection_is_a_budget_for_the_whole_batch():
     from specserve.spec import select_drafts
     from specserve.types import Draft
@@ -634,3 +646,31 @@ def test_the_selection_prices_rows_at_the_whole_steps_batch_when_few_sequences_d
     d = Draft([1, 1], None, [0.8, 0.8])
     curve1 = [curve_ms[1] / 1e3, curve_ms[2] / 1e3, (curve_ms[2] + curve_ms[4]) / 2e3]
     assert select_drafts([d], curve1)[0] is d
+
+
+def test_drafts_are_priced_on_top_of_the_prompt_chunk_the_step_carries():
+    """propose(running, prompt_rows): the same batch-1 draft is verified in a step of its own, and cut
+    where the step also carries 15 prompt tokens and its rows would cross a cliff of the curve (as
+    the block kernel's 32-row limit)."""
+    from specserve.drafters.base import Draft, Drafter, Proposal
+    from specserve.spec import SpeculativeDecoder
+    from specserve.types import Request, RequestStatus, SamplingParams
+
+    class Likely(Drafter):
+        def propose(self, requests, max_len, min_confidence=None, tree=None):
+            return Proposal([Draft([1] * max_len, None, [0.8] * max_len) for _ in requests])
+
+    spec = SpeculativeDecoder(Likely(), lambda: make_policy("fixed", 2), plain_every=1000)
+    for rows, ms in {1: 10, 2: 11, 4: 13, 8: 17, 16: 25, 17: 40, 32: 60}.items():
+        spec.costs.record_calibration(rows, ms / 1e3)
+    spec.costs.record_draft(1, 1e-3)
+    spec.costs.record_yield(1, tokens=2, draft_seconds=2e-3, step_seconds=12e-3)  # drafting pays at 1
+    drafts = []
+    for prompt_rows in (0, 15):
+        r = Request(str(prompt_rows), [5, 6, 7], SamplingParams(temperature=0, max_tokens=64))
+        r.output_token_ids = [8]
+        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
+        spec.propose([r], prompt_rows)
+        drafts.append(r.draft)
+    assert drafts[0] is not None and drafts[0].tokens == [1, 1]
+    assert drafts[1] is None
