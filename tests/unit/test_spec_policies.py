@@ -8,6 +8,15 @@ from specserve.spec.policies import BassPolicy, FixedPolicy, ThresholdPolicy, ma
 from specserve.types import Request, SamplingParams, TokenOrigin
 
 
+def _decoding(rid: str) -> "Request":
+    """A greedy request whose prompt is computed and which decodes its next token this step."""
+    from specserve.types import RequestStatus
+    r = Request(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=64))
+    r.output_token_ids = [8]
+    r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
+    return r
+
+
 def test_bass_algorithm_1_by_hand():
     p = BassPolicy()  # l0=7, l_incre=2, l_mod=10, l_limit=32
     assert p.draft_len() == 7
@@ -480,17 +489,10 @@ def test_a_drafting_step_drafts_only_for_the_sequences_expected_to_pay():
     are probed again after 4 plain steps, then 8; the others draft every step."""
     from specserve.drafters.base import Draft, Drafter, Proposal
     from specserve.spec import SpeculativeDecoder
-    from specserve.types import Request, RequestStatus, SamplingParams
 
     class Always(Drafter):
         def propose(self, requests, max_len, min_confidence=None, tree=None):
             return Proposal([Draft([1] * max_len, None, [0.99] * max_len) for _ in requests])
-
-    def decoding(rid):
-        r = Request(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=64))
-        r.output_token_ids = [8]
-        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
-        return r
 
     spec = SpeculativeDecoder(Always(), lambda: make_policy("fixed", 2), plain_every=1000)
     for rows, ms in {1: 10, 2: 11, 4: 13, 8: 17, 16: 25}.items():
@@ -499,7 +501,7 @@ def test_a_drafting_step_drafts_only_for_the_sequences_expected_to_pay():
     spec.costs.record_draft(4, 1e-3)
     spec.costs.record_yield(4, tokens=8, draft_seconds=2e-3, step_seconds=15e-3)  # drafting: 8 per 17 ms, pays
     assert spec.costs.break_even_confidence(4) == pytest.approx((4 * 1 + 1) / 13)
-    reqs = [decoding(rid) for rid in ("good1", "bad1", "good2", "bad2")]
+    reqs = [_decoding(rid) for rid in ("good1", "bad1", "good2", "bad2")]
     for rid in ("good1", "good2"):
         spec._recent[rid] = (8.0, 10.0)  # (8 + 2 * 0.5) / 12 = 0.75 with the prior: above 0.385
     for rid in ("bad1", "bad2"):
@@ -551,7 +553,6 @@ def test_no_drafts_lookups_or_probes_where_not_even_a_certain_token_pays_for_its
     free drafts, since the selection would cut them all. Where rows are cheap it drafts."""
     from specserve.drafters.base import Draft, Drafter, Proposal
     from specserve.spec import SpeculativeDecoder
-    from specserve.types import Request, RequestStatus, SamplingParams
 
     class Counting(Drafter):
         calls = 0
@@ -564,19 +565,13 @@ def test_no_drafts_lookups_or_probes_where_not_even_a_certain_token_pays_for_its
             Counting.calls += 1
             return None
 
-    def decoding(rid):
-        r = Request(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=64))
-        r.output_token_ids = [8]
-        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
-        return r
-
     spec = SpeculativeDecoder(Counting(), lambda: make_policy("fixed", 2))
     # rows 1-4 cheap (memory-bound), then each row costs more than a plain token at batch 4 and up
     for rows, ms in {1: 10, 2: 11, 4: 13, 8: 30, 16: 64, 32: 132}.items():
         spec.costs.record_calibration(rows, ms / 1e3)
     assert spec.costs.rows_can_pay(1, 3) and spec.costs.rows_can_pay(2, 2)
     assert not spec.costs.rows_can_pay(8, 16) and not spec.costs.rows_can_pay(16, 32)
-    batch = [decoding(str(i)) for i in range(8)]
+    batch = [_decoding(str(i)) for i in range(8)]
     for _ in range(20):
         spec.propose(batch)
     assert Counting.calls == 0 and all(r.draft is None for r in batch)
@@ -614,7 +609,6 @@ def test_the_selection_prices_rows_at_the_whole_steps_batch_when_few_sequences_d
     not on batch 1's (a row a tenth of a token: they would all be verified)."""
     from specserve.drafters.base import Draft, Drafter, Proposal
     from specserve.spec import SpeculativeDecoder, select_drafts
-    from specserve.types import Request, RequestStatus, SamplingParams
 
     class Likely(Drafter):
         asked: list = []
@@ -623,19 +617,13 @@ def test_the_selection_prices_rows_at_the_whole_steps_batch_when_few_sequences_d
             Likely.asked.append([r.request_id for r in requests])
             return Proposal([Draft([1] * max_len, None, [0.8] * max_len) for _ in requests])
 
-    def decoding(rid):
-        r = Request(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=64))
-        r.output_token_ids = [8]
-        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
-        return r
-
     curve_ms = {1: 10, 2: 11, 4: 13, 8: 17, 9: 19, 16: 27}
     spec = SpeculativeDecoder(Likely(), lambda: make_policy("fixed", 2), plain_every=1000)
     for rows, ms in curve_ms.items():
         spec.costs.record_calibration(rows, ms / 1e3)
     spec.costs.record_draft(8, 1e-3)
     spec.costs.record_yield(8, tokens=16, draft_seconds=2e-3, step_seconds=20e-3)  # drafting has paid at 8
-    reqs = [decoding(str(i)) for i in range(8)]
+    reqs = [_decoding(str(i)) for i in range(8)]
     spec._recent["0"] = (99.0, 100.0)  # the one sequence above the gate
     for r in reqs[1:]:
         spec._recent[r.request_id] = (0.0, 100.0)
@@ -654,7 +642,6 @@ def test_drafts_are_priced_on_top_of_the_prompt_chunk_the_step_carries():
     the block kernel's 32-row limit)."""
     from specserve.drafters.base import Draft, Drafter, Proposal
     from specserve.spec import SpeculativeDecoder
-    from specserve.types import Request, RequestStatus, SamplingParams
 
     class Likely(Drafter):
         def propose(self, requests, max_len, min_confidence=None, tree=None):
@@ -667,9 +654,7 @@ def test_drafts_are_priced_on_top_of_the_prompt_chunk_the_step_carries():
     spec.costs.record_yield(1, tokens=2, draft_seconds=2e-3, step_seconds=12e-3)  # drafting pays at 1
     drafts = []
     for prompt_rows in (0, 15):
-        r = Request(str(prompt_rows), [5, 6, 7], SamplingParams(temperature=0, max_tokens=64))
-        r.output_token_ids = [8]
-        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
+        r = _decoding(str(prompt_rows))
         spec.propose([r], prompt_rows)
         drafts.append(r.draft)
     assert drafts[0] is not None and drafts[0].tokens == [1, 1]
