@@ -139,13 +139,16 @@ class Scheduler:
         """About how many prompt tokens the next step will carry beside the decodes (the SARATHI chunk),
         for a draft selection to price its rows on top of: drafts in a step that also takes a chunk
         of 16 prompt tokens beside 8 decodes cross the block kernel's 32-row limit after 8 rows."""
-        pending = sum(r.num_tokens - r.num_computed_tokens for r in self.running if not r.past_prompt)
-        if len(self.running) < self.max_num_seqs:
-            pending += sum(r.num_tokens - r.num_computed_tokens for r in self.waiting)
-        if not pending:
-            return 0
         decodes = sum(1 for r in self.running if r.past_prompt)
-        return min(pending, self._prefill_budget(max(0, self.max_num_batched_tokens - decodes)))
+        budget = self._prefill_budget(max(0, self.max_num_batched_tokens - decodes))
+        queue = [r for r in self.running if not r.past_prompt]
+        pending = sum(r.num_tokens - r.num_computed_tokens for r in queue)
+        if len(self.running) < self.max_num_seqs:
+            for r in self.waiting:  # the queue's head is enough: the step takes `budget` at most
+                if pending >= budget:
+                    break
+                pending += r.num_tokens - r.num_computed_tokens
+        return min(pending, budget)
 
     def _prefill_budget(self, budget: int) -> int:
         """Prompt tokens this step may take once the decodes are in (budget: what they left)."""

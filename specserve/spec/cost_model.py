@@ -222,8 +222,8 @@ class CostModel:
         CPU a 17th row costs more than a plain token (the products are compute-bound past ~8 rows), so
         no draft, lookup or probe there can be verified, and proposing them is pure overhead."""
         curve = self.step_curve(batch, batch + max_rows, batch)
-        if curve is None or max_rows <= 0:
-            return curve is None  # unmeasured: let the drafting path decide
+        if curve is None:
+            return True  # unmeasured: let the drafting path decide
         plain_rate = batch / curve[0]
         return any(n > plain_rate * (t - curve[0]) for n, t in enumerate(curve[1:], start=1))
 

@@ -136,7 +136,6 @@ class SpeculativeDecoder:
         # 4 drafted 40 steps in a row at 0.95x the tokens/s of the plain steps around them).
         self.plain_every, self._since_plain = plain_every, 0
         self._step: Optional[DraftingStep] = None  # this step's shared drafting, until record_step
-        self._prompt_rows = 0  # prompt tokens this step carries beside its decodes (propose's argument)
 
     @property
     def wants_hidden_states(self) -> bool:
@@ -156,7 +155,6 @@ class SpeculativeDecoder:
         """Set `request.draft` for the running requests that decode this step and should draft.
         prompt_rows: the prompt tokens the step will also carry (Scheduler.prompt_rows_next), on top of
         which the selection prices draft rows."""
-        self._prompt_rows = prompt_rows
         decoding = [r for r in running if _decoding(r) and r.params.speculative is not False]
         shared = [r for r in decoding if not self._seeded(r)]
         # Seeded requests with the same length (and threshold) draft together: one draft pass each
@@ -204,7 +202,7 @@ class SpeculativeDecoder:
             refresh = bool(k) and pays is True and self._since_plain >= self.plain_every
             if k == 0 or refresh:
                 # refresh: a bare plain step, as free drafts' rows would spoil its timing
-                self._plain_step(shared, None if refresh else self.policy.draft_len())
+                self._plain_step(shared, None if refresh else self.policy.draft_len(), prompt_rows)
                 self._since_spec += not refresh
                 return
         else:
@@ -216,22 +214,23 @@ class SpeculativeDecoder:
         gate = self.costs.break_even_confidence(batch) if self.fallback else None
         drafting = shared if gate is None else self._worth_drafting(shared, gate, self._probed)
         if not drafting:  # no sequence expected to pay for its draft: a plain step
-            self._plain_step(shared, k)
+            self._plain_step(shared, k, prompt_rows)
             return
         floors = [c for c in (self.policy.min_confidence, gate) if c is not None]
         shape = self._pick_shape(batch)
         # the step's yield counts every shared sequence (those not drafted for emit their one token)
         self._step = DraftingStep(batch, batch, probe=self._probed, shape=shape)
-        self._draft(drafting, k, max(floors) if floors else None, select=self.fallback, shape=shape, batch=batch)
+        self._draft(drafting, k, max(floors) if floors else None, select=self.fallback, shape=shape, batch=batch,
+                    prompt_rows=prompt_rows)
 
-    def _plain_step(self, shared: list[Request], free_len: Optional[int]) -> None:
+    def _plain_step(self, shared: list[Request], free_len: Optional[int], prompt_rows: int = 0) -> None:
         """A step without model drafts for the shared batch; free drafts (lookups) of up to free_len
         tokens are still verified where they pay (None: none, a bare plain step)."""
         self.stats.fallback_steps += 1
         self.stats.speculating = False
         self._since_plain = 0
         if free_len is not None and (proposal := self.drafter.propose_free(shared, free_len)) is not None:
-            self._use(shared, self._select(proposal.drafts))
+            self._use(shared, self._select(proposal.drafts, prompt_rows=prompt_rows))
 
     def _worth_drafting(self, shared: list[Request], gate: float, probe: bool = False) -> list[Request]:
         """The per-sequence choice: the sequences whose recent acceptance (decayed, with the batch's
@@ -301,10 +300,11 @@ class SpeculativeDecoder:
         return best
 
     def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float], select: bool = False,
-               shape: Optional[str] = None, batch: Optional[int] = None) -> None:
+               shape: Optional[str] = None, batch: Optional[int] = None, prompt_rows: int = 0) -> None:
         """shape: "chain" or "tree"; None: a seeded group's, which must not depend on live timings (a tree
         only where trees are forced). batch: the sequences the step decodes (the drafting ones and
-        those the per-sequence choice leaves plain), which the selection prices rows at."""
+        those the per-sequence choice leaves plain), which the selection prices rows at, on top of the
+        step's prompt_rows."""
         shape = shape or ("tree" if self.shape == "tree" else "chain")
         t0 = time.perf_counter()
         proposal: Proposal = self.drafter.propose(requests, k, min_confidence, self.tree if shape == "tree" else None)
@@ -327,7 +327,7 @@ class SpeculativeDecoder:
                     self._step.draft_seconds = passes * (t if t is not None else DRAFT_COST_GUESS * self.costs.step_seconds(1))
                 else:
                     self._step.draft_seconds = seconds
-        self._use(requests, self._select(proposal.drafts, batch) if select else proposal.drafts)
+        self._use(requests, self._select(proposal.drafts, batch, prompt_rows) if select else proposal.drafts)
 
     @staticmethod
     def _use(requests: list[Request], drafts: list[Draft]) -> None:
@@ -335,7 +335,7 @@ class SpeculativeDecoder:
             if d.tokens:
                 r.draft = d
 
-    def _select(self, drafts: list[Draft], batch: Optional[int] = None) -> list[Draft]:
+    def _select(self, drafts: list[Draft], batch: Optional[int] = None, prompt_rows: int = 0) -> list[Draft]:
         """Cut the drafts along the step-time curve of the step's whole batch (default: the drafts'
         sequences). Pricing a step's few drafting sequences as a batch of their own put rows at batch
         1's price (0.7 ms, a sixth of a plain token) into steps of 8 (1.3-1.7 ms, about a plain token
@@ -345,7 +345,7 @@ class SpeculativeDecoder:
         batch = batch or len(drafts)
         # the step's rows before drafts: its decodes and the prompt chunk riding with them (10 draft
         # rows rode beside 16 prompt tokens and 6 decodes, 35 ms for a 22 ms step, before this)
-        base = batch + self._prompt_rows
+        base = batch + prompt_rows
         curve = self.costs.step_curve(base, base + sum(len(d.tokens) for d in drafts), batch)
         if curve is None or any(t is None for t in curve):
             return drafts
