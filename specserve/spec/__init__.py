@@ -1,6 +1,7 @@
 """Speculative decoding: the decoder that proposes, verifies and applies drafts inside the step loop
-(decoder.py), the cost model that decides whether and how far to draft (cost_model.py), which draft
-tokens a step verifies (selection.py), draft-length policies (policies.py) and statistics (stats.py).
+(decoder.py), the cost model that decides whether and how far to draft (cost_model.py), which of a
+step's sequences draft (choice.py), which draft tokens a step verifies (selection.py), draft-length
+policies (policies.py) and statistics (stats.py).
 Drafting methods themselves live in `specserve.drafters`."""
 from .cost_model import CostModel, calibrate, time_pass
 from .decoder import DraftingStep, SpeculativeDecoder, Verified

@@ -5,7 +5,8 @@ Each step, for the requests that are decoding:
      size yielded per second, tokens over their measured step and draft-model time, against what plain
      steps of the batch size measure) says whether drafting pays, and when it does not the step is a plain
      decoding step that verifies only free drafts (prompt lookups), with a drafting step now and then
-     to measure again;
+     to measure again; within a drafting step, only the sequences whose own recent acceptance says
+     drafting pays for them draft (choice.py), the others decode plainly and are probed now and then;
   2. the drafter proposes; `select_drafts` keeps, for the whole batch, the draft tokens whose chance of
      acceptance (their calibrated confidence) beats what their rows cost on the step-time curve; they
      become `request.draft` (the one place a draft lives), which the scheduler counts as more tokens
@@ -16,7 +17,6 @@ Each step, for the requests that are decoding:
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -28,6 +28,7 @@ from ..sampling.rejection import rejection_sample, verify_greedy
 from ..sampling.sampler import warp_logits
 from ..sampling.tree import children_table, verify_tree, verify_tree_greedy
 from ..types import Draft, Request, RequestStatus, TokenOrigin
+from .choice import SequenceChoice
 from .cost_model import DRAFT_COST_GUESS, CostModel
 from .hierarchy import measured_chain
 from .policies import DraftLengthPolicy
@@ -76,21 +77,6 @@ class DraftingStep:
     shape: str = "chain"  # what was drafted: "chain" or "tree"
 
 
-# The acceptance rate of a predictable stretch (code, repeated text) with the shipped EAGLE draft: its
-# first-position acceptance on HumanEval was 0.64-0.84 (bench/results/spec-cpu-20261124-080855.md).
-# A seeded request drafts only where the calibration says drafting pays at this rate.
-OPTIMISTIC_ALPHA = 0.8
-# A shared sequence's own acceptance forgets at this rate per verify step: text turns predictable and
-# back within a reply (a list, then prose), and the choice should follow within a few steps.
-RECENT_DECAY = 0.8
-# What a plain sequence's probes may cost, as a share of its plain decoding (spec/decoder._probe_wait),
-# and the longest wait between them.
-PROBE_BUDGET, MAX_PROBE_WAIT = 0.02, 256
-# Above this break-even confidence plain sequences are not probed: the draft's first tokens are
-# accepted 0.64-0.84 of the time on code (bench/results/spec-cpu-20261124-080855.md) and less on prose,
-# so a probe there (which first catches the draft up on every token the sequence decoded plainly: ~7 ms
-# at batch 16 on the 2-core CPU, a third of a step) cannot find a draft that pays.
-PROBE_MAX_GATE = 0.9
 # How many extra rows a step's "could any draft pay?" check looks along the cost curve (two AVX-512
 # row groups past a batch of 16; the scan runs every step).
 MAX_PAYING_ROWS = 32
@@ -112,13 +98,6 @@ class SpeculativeDecoder:
         # reproduces it within one LLM (another LLM's calibration may choose other lengths: the same
         # distribution, other draws; fallback=False makes it identical across instances too).
         self.own_policies: dict[str, DraftLengthPolicy] = {}
-        # and, while its fallback keeps it plain, (plain steps in a row, steps before a probe): as the
-        # shared retry below, from its own steps only. Shared requests that the per-sequence choice
-        # leaves out of drafting steps keep the same count.
-        self._own_plain: dict[str, tuple[int, int]] = {}
-        # A shared request's recent acceptance: decayed [accepted, accepted + rejections] of its verify
-        # steps (per-sequence choice: which sequences a drafting step drafts for)
-        self._recent: dict[str, tuple[float, float]] = {}
         # A weak prior so the first steps already weigh drafting against plain decoding.
         self.prior_alpha = prior_alpha
         self.costs = CostModel(prior_alpha=prior_alpha)
@@ -128,6 +107,8 @@ class SpeculativeDecoder:
         # (so at worst one losing drafting step every retry_max steps: a few percent of a run at most).
         self.retry_every, self.retry_max = retry_every, retry_max
         self._retry = retry_every
+        # which sequences a drafting step drafts for, and a seeded request's own draft length
+        self.choice = SequenceChoice(self.costs, prior_alpha, retry_every, retry_max)
         self._probed = False
         self._since_spec = 0
         # While drafting pays, one plain step in `plain_every` re-measures plain steps: the machine's
@@ -166,7 +147,7 @@ class SpeculativeDecoder:
                 k = policy.draft_len()
                 floor = policy.min_confidence
                 if self.fallback:  # from the request's own acceptance and the fixed calibration only
-                    k = self._own_len(r, k)
+                    k = self.choice.own_len(r, k)
                     # and drafting stops where a token is unlikely enough not to pay for its verify row,
                     # as the shared path's gate, priced on the calibration at its own samples' batch
                     gate = self.costs.break_even_confidence(r.params.num_samples, calibrated_only=True)
@@ -212,7 +193,7 @@ class SpeculativeDecoder:
         # Drafting stops where a token is unlikely enough not to pay for its verify row and draft step
         # at the rate a batch's second row costs; `_select` then cuts along the measured cost curve.
         gate = self.costs.break_even_confidence(batch) if self.fallback else None
-        drafting = shared if gate is None else self._worth_drafting(shared, gate, self._probed)
+        drafting = shared if gate is None else self.choice.worth_drafting(shared, gate, self._probed)
         if not drafting:  # no sequence expected to pay for its draft: a plain step
             self._plain_step(shared, k, prompt_rows)
             return
@@ -231,61 +212,6 @@ class SpeculativeDecoder:
         self._since_plain = 0
         if free_len is not None and (proposal := self.drafter.propose_free(shared, free_len)) is not None:
             self._use(shared, self._select(proposal.drafts, prompt_rows=prompt_rows))
-
-    def _worth_drafting(self, shared: list[Request], gate: float, probe: bool = False) -> list[Request]:
-        """The per-sequence choice: the sequences whose recent acceptance (decayed, with the batch's
-        alpha as a prior worth 2 tokens) beats the confidence a draft token must have to pay for its
-        row and draft step; the others decode plainly, each probed again after a run of plain steps
-        (4, doubling up to _probe_wait while probes do not lift it). A drafting step for every sequence
-        of a batch of 16 first catches the draft up on all of their tokens (over half a plain step on
-        the 2-core CPU), so drafting only where it is expected to pay is what keeps a batch of
-        unpredictable sequences near regular decoding's speed (bench/results/auto-ab-*.md). probe: the
-        batch's own probe after plain steps, which drafts for one sequence at least (the likeliest):
-        without it, a sequence left out after one rejected draft waited for its own probe to come
-        round on the batch's probes, and a code prompt at batch 1 drafted once in 96 tokens. No probes
-        where the gate is above PROBE_MAX_GATE (batch 8 and more on the 2-core CPU)."""
-        prior = self.costs.alpha if self.costs.alpha is not None else self.prior_alpha
-        longest = None  # the wait cap, computed once and only if some sequence is below the gate
-        alphas = {}
-        for r in shared:
-            num, den = self._recent.get(r.request_id, (0.0, 0.0))
-            alphas[r.request_id] = (num + 2 * prior) / (den + 2)
-        keep = []
-        for r in shared:
-            if alphas[r.request_id] >= gate:
-                self._own_plain.pop(r.request_id, None)
-                keep.append(r)
-            elif gate < PROBE_MAX_GATE:
-                longest = longest or self._probe_wait(len(shared))
-                if self._probe_due(r.request_id, longest):
-                    keep.append(r)
-        if not keep and probe and gate < PROBE_MAX_GATE:
-            keep = [max(shared, key=lambda r: alphas[r.request_id])]
-        return keep
-
-    def _probe_wait(self, batch: int) -> int:
-        """The longest wait between a plain sequence's probes: long enough that a probe that finds
-        nothing (a draft pass and a verify row for one sequence) costs at most PROBE_BUDGET of that
-        sequence's plain decoding, and never below retry_max. ~17 steps at batch 1 and ~60 at batch 16
-        on the 2-core CPU, where one sequence's share of a batch-16 step is small: probing every 16 of
-        its steps had a batch of 16 unpredictable sequences drafting in 9% of its steps, 4% slower."""
-        t_plain, t_more = self.costs.step_seconds(batch, batch), self.costs.step_seconds(batch + 1, batch)
-        t_draft = self.costs.draft_step_seconds(1)
-        if t_plain is None or t_more is None or t_draft is None:
-            return self.retry_max
-        probe = t_draft + max(0.0, t_more - t_plain)
-        return min(MAX_PROBE_WAIT, max(self.retry_max, math.ceil(probe / (PROBE_BUDGET * t_plain / batch))))
-
-    def _probe_due(self, rid: str, longest: Optional[int] = None) -> bool:
-        """Count one more plain step for a request its fallback keeps plain; True when one drafting step
-        should measure it again (the wait then doubles, up to `longest` (retry_max), until drafting
-        pays again)."""
-        since, retry = self._own_plain.get(rid, (0, self.retry_every))
-        if since + 1 >= retry:
-            self._own_plain[rid] = (0, min(2 * retry, longest or self.retry_max))
-            return True
-        self._own_plain[rid] = (since + 1, retry)
-        return False
 
     def _pick_shape(self, batch: int) -> str:
         """Chain or tree for this drafting step: as configured, or ("auto") the shape whose drafting
@@ -417,10 +343,8 @@ class SpeculativeDecoder:
         for i, r in enumerate(requests):
             if self._seeded(r):
                 self.own_policies[r.request_id].update([depths[i]], [accepted[i]], [confidences[i]])
-            elif depths[i]:
-                num, den = self._recent.get(r.request_id, (0.0, 0.0))
-                d = RECENT_DECAY
-                self._recent[r.request_id] = (d * num + accepted[i], d * den + accepted[i] + (accepted[i] < depths[i]))
+            else:
+                self.choice.record(r.request_id, accepted[i], depths[i])
         self.costs.record_acceptance(sum(accepted), rejections)
         s = self.stats
         s.spec_steps += 1
@@ -499,32 +423,10 @@ class SpeculativeDecoder:
         """Forget the drafting of a step that never completed (aborted): it must not be measured."""
         self._step = None
 
-    def _own_len(self, r: Request, k: int) -> int:
-        """A seeded request's draft length, from the start-up calibration at the batch of its own
-        samples (n or best_of run together; other requests' company must not change its draws): none
-        where drafting would not pay even for a predictable sequence (OPTIMISTIC_ALPHA); else a full
-        draft first, then what its own acceptance (with a weak prior) predicts. After a run of plain
-        steps, one drafting step measures again (without it, one unlucky first draft left a sequence
-        plain to its end: alpha 0 predicts no gain)."""
-        batch = r.params.num_samples
-        could = self.costs.best_len(batch, k, alpha=OPTIMISTIC_ALPHA, calibrated_only=True)
-        if could is None:  # not calibrated
-            return k
-        if not could:
-            return 0
-        if not r.spec_drafted:
-            return k
-        best = self.costs.best_len(batch, k, alpha=_own_alpha(r, self.prior_alpha), calibrated_only=True)
-        if best:
-            self._own_plain.pop(r.request_id, None)
-            return best
-        return k if self._probe_due(r.request_id) else 0
-
     def release(self, request: Request) -> None:
         request.draft = None
         self.own_policies.pop(request.request_id, None)
-        self._own_plain.pop(request.request_id, None)
-        self._recent.pop(request.request_id, None)
+        self.choice.release(request.request_id)
         self.drafter.release(request)
 
     def hierarchy(self) -> dict:
@@ -540,14 +442,6 @@ class SpeculativeDecoder:
         t_draft = self.costs.draft_step_seconds(1)
         t_target = self.costs.step_seconds(1)
         return t_draft / t_target if t_draft and t_target else None
-
-
-def _own_alpha(r: Request, prior: float) -> float:
-    """A request's own acceptance estimate from its verify steps: accepted tokens over accepted tokens
-    and rejections, with `prior` worth 2 pseudo-tokens (as CostModel's; the prior alone before any)."""
-    accepted = sum(r.spec_accepted)
-    rejections = sum(a < n for a, n in zip(r.spec_accepted, r.spec_drafted))
-    return (accepted + 2 * prior) / (accepted + rejections + 2)
 
 
 def _decoding(r: Request) -> bool:

@@ -503,9 +503,9 @@ def test_a_drafting_step_drafts_only_for_the_sequences_expected_to_pay():
     assert spec.costs.break_even_confidence(4) == pytest.approx((4 * 1 + 1) / 13)
     reqs = [_decoding(rid) for rid in ("good1", "bad1", "good2", "bad2")]
     for rid in ("good1", "good2"):
-        spec._recent[rid] = (8.0, 10.0)  # (8 + 2 * 0.5) / 12 = 0.75 with the prior: above 0.385
+        spec.choice.recent[rid] = (8.0, 10.0)  # (8 + 2 * 0.5) / 12 = 0.75 with the prior: above 0.385
     for rid in ("bad1", "bad2"):
-        spec._recent[rid] = (0.0, 10.0)  # 1 / 12: below
+        spec.choice.recent[rid] = (0.0, 10.0)  # 1 / 12: below
     patterns = {r.request_id: "" for r in reqs}
     for _ in range(13):
         for r in reqs:
@@ -517,18 +517,18 @@ def test_a_drafting_step_drafts_only_for_the_sequences_expected_to_pay():
     assert patterns["good1"] == patterns["good2"] == "D" * 13
     assert patterns["bad1"] == patterns["bad2"] == "...D.......D."
     # the batch's own probe (after its plain steps) drafts for one sequence at least, the likeliest
-    spec._recent["bad2"] = (1.0, 10.0)
-    assert spec._worth_drafting([reqs[1], reqs[3]], 0.385) == []
-    assert spec._worth_drafting([reqs[1], reqs[3]], 0.385, probe=True) == [reqs[3]]
+    spec.choice.recent["bad2"] = (1.0, 10.0)
+    assert spec.choice.worth_drafting([reqs[1], reqs[3]], 0.385) == []
+    assert spec.choice.worth_drafting([reqs[1], reqs[3]], 0.385, probe=True) == [reqs[3]]
     spec.release(reqs[1])
-    assert "bad1" not in spec._recent and "bad1" not in spec._own_plain
+    assert "bad1" not in spec.choice.recent and "bad1" not in spec.choice.plain
     # verification moves a sequence's recent acceptance: 1 of its 2 drafts accepted, then a rejection
     good = reqs[0]
     good.draft = Draft([1, 1], None, [0.99, 0.99])
     logits = torch.zeros(3, 4)
     logits[0, 1] = logits[1, 2] = logits[2, 3] = 1.0  # the target takes draft 1, then wants 2 (not 1)
     spec.verify([good], [logits], [None])
-    assert spec._recent["good1"] == pytest.approx((0.8 * 8 + 1, 0.8 * 10 + 2))
+    assert spec.choice.recent["good1"] == pytest.approx((0.8 * 8 + 1, 0.8 * 10 + 2))
 
 
 def test_a_plain_sequence_is_probed_less_often_where_its_share_of_a_step_is_small():
@@ -539,12 +539,12 @@ def test_a_plain_sequence_is_probed_less_often_where_its_share_of_a_step_is_smal
     from specserve.spec import SpeculativeDecoder
 
     spec = SpeculativeDecoder(Drafter(), lambda: make_policy("fixed", 2))
-    assert spec._probe_wait(16) == spec.retry_max == 16  # nothing measured yet
+    assert spec.choice.probe_wait(16) == spec.retry_max == 16  # nothing measured yet
     for rows, ms in {1: 10, 2: 11, 4: 13, 8: 17, 16: 25, 32: 45}.items():
         spec.costs.record_calibration(rows, ms / 1e3)
     spec.costs.record_draft(1, 1e-3)
-    assert spec._probe_wait(1) == 16  # (1 + 1) ms / (0.02 * 10 ms) = 10 steps: retry_max
-    assert spec._probe_wait(16) in (72, 73)  # (1 + 1.25) ms / (0.02 * 25 / 16 ms), rounded up
+    assert spec.choice.probe_wait(1) == 16  # (1 + 1) ms / (0.02 * 10 ms) = 10 steps: retry_max
+    assert spec.choice.probe_wait(16) in (72, 73)  # (1 + 1.25) ms / (0.02 * 25 / 16 ms), rounded up
 
 
 def test_no_drafts_lookups_or_probes_where_not_even_a_certain_token_pays_for_its_row():
@@ -586,20 +586,20 @@ def test_plain_sequences_are_not_probed_where_the_gate_is_above_what_drafts_reac
     up on all the sequence's tokens, and the shipped draft's first tokens are not that good."""
     from specserve.drafters.base import Drafter
     from specserve.spec import SpeculativeDecoder
-    from specserve.spec.decoder import PROBE_MAX_GATE
+    from specserve.spec.choice import PROBE_MAX_GATE
     from specserve.types import Request, SamplingParams
 
     spec = SpeculativeDecoder(Drafter(), lambda: make_policy("fixed", 2))
     reqs = [Request(str(i), [1, 2], SamplingParams(temperature=0)) for i in range(3)]
-    spec._recent["0"] = (99.0, 100.0)  # accepted 99% (98% with the prior): drafts even at a high gate
+    spec.choice.recent["0"] = (99.0, 100.0)  # accepted 99% (98% with the prior): drafts even at a high gate
     for rid in ("1", "2"):
-        spec._recent[rid] = (0.0, 10.0)
+        spec.choice.recent[rid] = (0.0, 10.0)
     high, low = PROBE_MAX_GATE + 0.02, PROBE_MAX_GATE - 0.3
-    picked = [spec._worth_drafting(reqs, high, probe=True) for _ in range(40)]
+    picked = [spec.choice.worth_drafting(reqs, high, probe=True) for _ in range(40)]
     assert all(p == [reqs[0]] for p in picked)
-    assert spec._worth_drafting(reqs[1:], high, probe=True) == []
+    assert spec.choice.worth_drafting(reqs[1:], high, probe=True) == []
     # below the cap the same sequences are probed again after their waits
-    probed = sum(reqs[1] in spec._worth_drafting(reqs, low) for _ in range(40))
+    probed = sum(reqs[1] in spec.choice.worth_drafting(reqs, low) for _ in range(40))
     assert probed >= 2
 
 
@@ -624,9 +624,9 @@ def test_the_selection_prices_rows_at_the_whole_steps_batch_when_few_sequences_d
     spec.costs.record_draft(8, 1e-3)
     spec.costs.record_yield(8, tokens=16, draft_seconds=2e-3, step_seconds=20e-3)  # drafting has paid at 8
     reqs = [_decoding(str(i)) for i in range(8)]
-    spec._recent["0"] = (99.0, 100.0)  # the one sequence above the gate
+    spec.choice.recent["0"] = (99.0, 100.0)  # the one sequence above the gate
     for r in reqs[1:]:
-        spec._recent[r.request_id] = (0.0, 100.0)
+        spec.choice.recent[r.request_id] = (0.0, 100.0)
     spec.propose(reqs)
     assert Likely.asked == [["0"]]  # the per-sequence choice drafted for the one sequence
     assert all(r.draft is None for r in reqs)  # and the batch-8 curve cut its rows
