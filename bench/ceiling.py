@@ -1,0 +1,91 @@
+"""What batch-1 speculation can reach on this CPU with a draft chain, from the engine's own costs.
+
+A chain of k draft tokens, each accepted with probability alpha given the ones before (the geometric
+model of Leviathan et al.), gives (1 - alpha^(k+1)) / (1 - alpha) tokens per step and costs a target
+pass over 1 + k rows plus k draft passes. With the pass times this engine calibrates at start-up (the
+cost model's curve) and the draft pass it measures on HumanEval, this prints, per k, a row's price,
+and the per-token acceptance a draft needs for 1.0x, 1.3x and 1.5x regular decoding; beside them the
+acceptance the shipped draft reaches here (fixed k, no fallback), on HumanEval and on the bench's
+prompts beyond code. Free drafts (prompt lookup, suffix) and trees move the figures somewhat (they add
+tokens without draft passes, or rows per accepted token); bench/auto_ab.py measures the whole engine.
+
+    python bench/ceiling.py [--k 3] [--prompts 8] [--per-category 2]  ->  bench/results/ceiling-<time>.md
+"""
+import argparse
+import time
+
+from specserve import LLM, SamplingParams
+from specserve.bench.humaneval import humaneval_problems
+from specserve.bench.machine import cpu
+from specserve.bench.spec_shapes import prompt_sets
+from specserve.spec import CostModel, calibrate
+
+TARGETS = (1.0, 1.3, 1.5)
+
+
+def speedup(alpha: float, k: int, t: dict, t_draft: float) -> float:
+    """Tokens per second of a k-token chain at acceptance alpha, over regular decoding's (batch 1)."""
+    tokens = k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return tokens * t[1] / (t[1 + k] + k * t_draft)
+
+
+def needed(target: float, ks, t: dict, t_draft: float) -> str:
+    """The least acceptance (to 0.01) at which some k reaches `target`."""
+    for a in range(0, 101):
+        if max(speedup(a / 100, k, t, t_draft) for k in ks) >= target:
+            return f"{a / 100:.2f}"
+    return "none"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--k", type=int, default=3, help="the fixed draft length the acceptance is measured at")
+    ap.add_argument("--prompts", type=int, default=8, help="HumanEval problems")
+    ap.add_argument("--per-category", type=int, default=2, help="prompts per category beyond code")
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    machine = cpu()
+    llm = LLM(speculative={"method": "draft", "policy": "fixed", "draft_len": args.k, "fallback": False})
+    costs = llm.engine.speculator.costs
+    sets = prompt_sets(llm, humaneval_problems()[:args.prompts], args.per_category)
+    params = SamplingParams(temperature=0, max_tokens=128)
+    alphas = {}
+    for name in ("humaneval", "beyond code"):
+        llm.generate(sets[name][0]["prompt"], params)  # warm up (and, on HumanEval, the draft step's timing)
+        llm.reset_spec_stats()
+        for p in sets[name]:  # batch 1
+            llm.generate(p["prompt"], params)
+        s = llm.engine.speculator.stats
+        alphas[name] = s.accepted / max(1, s.accepted + s.rejections)  # the geometric model's estimate
+    # bare passes over 1 .. 9 rows, the fastest of three each, as the engine calibrates at start-up
+    curve, eng = CostModel(), llm.engine
+    calibrate(curve, eng.model, eng.kv, eng.scheduler.blocks, eng.runner.attention, eng.runner.plain_attention,
+              max_rows=9, rows=tuple(range(1, 10)))
+    ks = list(range(1, 9))
+    t = curve.calibrated
+    t_draft = costs.draft_step_seconds(1)
+    lines = [f"# Batch-1 chain speculation's ceiling on this CPU ({machine['cpu']}, {', '.join(machine['flags'])})", "",
+             f"`python bench/ceiling.py --k {args.k} --prompts {args.prompts} --per-category {args.per_category}`: "
+             "bare target passes from the start-up calibration; "
+             f"one draft pass {1e3 * t_draft:.2f} ms ({t_draft / t[1]:.3f} of a one-row pass).", "",
+             "| draft tokens k | pass over 1 + k rows, ms | extra row / one-row pass | "
+             + " | ".join(f"alpha for {x}x at this k" for x in TARGETS) + " |",
+             "|---|---|---|" + "---|" * len(TARGETS)]
+    for k in ks:
+        lines.append(f"| {k} | {1e3 * t[1 + k]:.1f} | {(t[1 + k] - t[1]) / k / t[1]:.3f} | "
+                     + " | ".join(needed(x, [k], t, t_draft) for x in TARGETS) + " |")
+    lines += ["", f"one-row pass: {1e3 * t[1]:.1f} ms. Best k: alpha "
+              + ", ".join(f"{needed(x, ks, t, t_draft)} for {x}x" for x in TARGETS) + ".", "",
+              f"| prompts | shipped draft's per-token acceptance (k={args.k}, greedy) | chain model's best speedup at it |",
+              "|---|---|---|"]
+    for name, a in alphas.items():
+        lines.append(f"| {name} | {a:.3f} | {max(speedup(a, k, t, t_draft) for k in ks):.2f}x |")
+    path = f"{args.out}/ceiling-{time.strftime('%Y%m%d-%H%M%S')}.md"
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print("written", path)
+
+
+if __name__ == "__main__":
+    main()
