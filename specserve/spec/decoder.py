@@ -99,7 +99,6 @@ class SpeculativeDecoder:
         # distribution, other draws; fallback=False makes it identical across instances too).
         self.own_policies: dict[str, DraftLengthPolicy] = {}
         # A weak prior so the first steps already weigh drafting against plain decoding.
-        self.prior_alpha = prior_alpha
         self.costs = CostModel(prior_alpha=prior_alpha)
         self.stats = SpecStats()
         # After retry plain steps in a row, one drafting step measures again whether drafting pays;
