@@ -19,14 +19,15 @@ from specserve.bench.humaneval import humaneval_problems
 from specserve.bench.machine import cpu
 from specserve.bench.spec_shapes import prompt_sets
 from specserve.spec import CostModel, calibrate
+from specserve.spec.hierarchy import gain
 
 TARGETS = (1.0, 1.3, 1.5)
 
 
 def speedup(alpha: float, k: int, t: dict, t_draft: float) -> float:
-    """Tokens per second of a k-token chain at acceptance alpha, over regular decoding's (batch 1)."""
-    tokens = k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-    return tokens * t[1] / (t[1 + k] + k * t_draft)
+    """Tokens per second of a k-token chain at acceptance alpha, over regular decoding's (batch 1):
+    Leviathan's gain with c and the verify pass v measured against a one-row pass."""
+    return gain(alpha, t_draft / t[1], k, v=t[1 + k] / t[1])
 
 
 def needed(target: float, ks, t: dict, t_draft: float) -> str:
