@@ -40,7 +40,7 @@ bench: $(DEVSTAMP)
 	$(BIN)/specserve bench decode
 
 llamacpp: $(DEVSTAMP)
-	$(BIN)/pip install -q '.[llamacpp]'
+	$(BIN)/pip install -q -e '.[llamacpp]'
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,7 +1,9 @@
 """CPU kernels compiled on first use (torch.utils.cpp_extension), with a pure-torch fallback.
 
-`block_linear` multiplies fp32 activations by weights kept in GGML blocks (block_matmul.cpp: AVX2 /
-AVX-512 builds, and block_matmul_amx.cpp past 8 rows where the CPU has AMX tiles);
+`block_linear` multiplies fp32 activations by weights kept in GGML blocks: `BlockWeight` regroups
+Q4_0 / Q4_1 into the layout of block_matmul.cpp (AVX2 / AVX-512 builds, and block_matmul_amx.cpp past
+8 rows where the CPU has AMX tiles); `GgufWeight` reads every other GGUF block type (Q5_0, Q8_0,
+Q4_K, Q6_K, ...) where it lies in the mmap'd file (gguf_matmul.cpp, AVX2 / AVX-512 builds);
 elementwise.cpp, attention.cpp and decoder_layer.cpp fuse the rest of a decode step.
 If the compiler or AVX2 is missing, `available()` is False and callers use dense fp32 weights instead.
 """
@@ -17,7 +19,8 @@ import warnings
 import numpy as np
 import torch
 
-SOURCES = ("block_matmul.cpp", "block_matmul_avx512.cpp", "block_matmul_amx.cpp", "elementwise.cpp", "attention.cpp", "decoder_layer.cpp")
+SOURCES = ("block_matmul.cpp", "block_matmul_avx512.cpp", "block_matmul_amx.cpp", "gguf_matmul.cpp",
+           "gguf_matmul_avx512.cpp", "elementwise.cpp", "attention.cpp", "decoder_layer.cpp")
 _ext = None
 _tried = False
 
@@ -197,3 +200,60 @@ class BlockWeight:
     def nbytes(self) -> int:
         """Bytes one pass reads (either layout: the AMX copy is the same size)."""
         return self.qs.numel() + 4 * (self.scales.numel() + self.mins.numel())
+
+
+class GgufWeight:
+    """A [N, K] weight in GGUF's own blocks, read in place by gguf_matmul.cpp: the rows of one or more
+    QuantizedWeights (q, k and v of a layer, each in its own type), whose raw bytes are views of the
+    mmap'd model file. Nothing is copied or regrouped, so the model costs its file's bytes."""
+
+    def __init__(self, weights: list):
+        from ..loading.gguf_file import GGML_TYPE_IDS
+        k = weights[0].shape[1]
+        assert all(w.shape[1] == k for w in weights), "stacked weights share their input width"
+        self.shape = (sum(w.shape[0] for w in weights), k)
+        self.type_names = [w.type_name for w in weights]
+        with warnings.catch_warnings():  # read-only views of the file: the kernels never write them
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            self.raws = [torch.from_numpy(w.raw) for w in weights]  # [N_i, bytes per row] u8 each
+        self.types = torch.tensor([GGML_TYPE_IDS[t] for t in self.type_names], dtype=torch.int64)
+        self.packed = None  # no AMX copy: every pass runs on the AVX builds (so no row limit either)
+
+    @staticmethod
+    def supports(type_name: str) -> bool:
+        return type_name in GGUF_TYPES
+
+    def parts(self) -> list[torch.Tensor]:
+        """[raw_0 .. raw_k-1, types] as block_linear and the fused decoder layer take them."""
+        return self.raws + [self.types]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] float32 -> [M, N] float32, every row summed in one fixed order whatever M."""
+        return _ext.gguf_linear(x.contiguous(), self.raws, self.types.tolist())
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Dequantised rows [len(ids), K] of a one-segment weight (an embedding lookup)."""
+        assert len(self.raws) == 1, "row lookups are for a single table"
+        return _ext.gguf_dequantize_rows(self.raws[0], int(self.types[0]), ids.to(torch.int64), self.shape[1])
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense [N, K] float32 weight (bit-identical to the GGUF dequantisation)."""
+        return torch.cat([_ext.gguf_dequantize_rows(r, int(t), torch.arange(r.shape[0]), self.shape[1])
+                          for r, t in zip(self.raws, self.types.tolist())])
+
+    def select_rows(self, ids: torch.Tensor) -> "GgufWeight":
+        """A GgufWeight of some rows only (a reduced-vocabulary head cut from a one-segment head: a copy
+        of those rows' blocks)."""
+        from ..loading.weights import QuantizedWeight
+        assert len(self.raws) == 1, "row selection is for a single head"
+        raw = self.raws[0][ids.to(torch.int64)].numpy()
+        return GgufWeight([QuantizedWeight(self.type_names[0], raw, (len(ids), self.shape[1]))])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes one pass reads."""
+        return sum(r.numel() for r in self.raws)
+
+
+# The GGUF block types gguf_matmul.cpp reads in place.
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K")

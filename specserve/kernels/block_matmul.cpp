@@ -179,7 +179,13 @@ torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scal
 constexpr int64_t AMX_MIN_ROWS = 9;
 
 torch::Tensor block_linear(torch::Tensor x, const std::vector<torch::Tensor>& w) {
-  // w: [qs, scales, mins] as block_matmul takes them, + [packed, scales, mins] from block_pack_amx
+  // w: [qs, scales, mins] as block_matmul takes them, + [packed, scales, mins] from block_pack_amx;
+  // or GGUF's own blocks: [raw_0 .. raw_k-1, types] with types an int64 [k] (gguf_linear's segments)
+  if (w.back().scalar_type() == torch::kInt64) {
+    const torch::Tensor types = w.back().contiguous();
+    return gguf_linear(x, std::vector<torch::Tensor>(w.begin(), w.end() - 1),
+                       std::vector<int64_t>(types.data_ptr<int64_t>(), types.data_ptr<int64_t>() + types.numel()));
+  }
   const bool is_q4 = w[2].numel() > 0;
   if (w.size() == 6 && x.size(0) >= AMX_MIN_ROWS) return block_matmul_amx(x.contiguous(), w[3], w[4], w[5], is_q4);
   return block_matmul(x, w[0], w[1], w[2], is_q4);

@@ -48,6 +48,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_pack_amx", &block_pack_amx, "regroup GGML blocks for the AMX build: [packed, scales, mins]");
   m.def("block_matmul_amx", &block_matmul_amx, "block_matmul over weights from block_pack_amx");
   m.def("block_kernel_amx", &block_kernel_amx, "whether this CPU (and OS) gives AMX tiles");
+  m.def("gguf_linear", &gguf_linear, "y = x @ dequant(W)^T for W in GGUF's own blocks, segments of several types");
+  m.def("gguf_dequantize_rows", &gguf_dequantize_rows, "rows of a GGUF-blocked table as f32 (an embedding lookup)");
   m.def("block_linear", &block_linear, "a blocked weight's product on the build that suits the pass");
   m.def("rms_norm", &rms_norm, "(x += residual); w * x / rms(x)");
   m.def("rope_", &rope_, "rotate-half RoPE in place on the first heads of qkv rows");

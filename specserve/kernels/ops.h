@@ -48,6 +48,9 @@ torch::Tensor block_matmul_amx(torch::Tensor x, torch::Tensor packed, torch::Ten
 bool block_kernel_amx();  // whether this CPU and kernel give AMX tiles
 // A blocked weight's product, on the build that suits the pass (w: 3 parts, or 6 with the AMX copy).
 torch::Tensor block_linear(torch::Tensor x, const std::vector<torch::Tensor>& w);
+// GGUF's own blocks, read in place (gguf_matmul.cpp): raws[i] [N_i, bytes per row] u8 of GGML type types[i].
+torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& raws, const std::vector<int64_t>& types);
+torch::Tensor gguf_dequantize_rows(torch::Tensor raw, int64_t type, torch::Tensor ids, int64_t K);
 torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps);
 void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t D);
 torch::Tensor silu_mul(torch::Tensor gu);

@@ -38,10 +38,8 @@ def load_model_files(model: Optional[str], keep_quantized: bool = True):
         from .hf import load_hf_dir
         return (path, *load_hf_dir(path))
     if path.endswith(".gguf"):
-        from .cache import cached_load
         from .gguf import load_gguf
-        tag = "blocks" if keep_quantized else "dense"
-        return (path, *cached_load(path, tag, lambda: load_gguf(path, keep_quantized=keep_quantized)))
+        return (path, *load_gguf(path, keep_quantized=keep_quantized))
     raise ValueError(f"{path}: unsupported model file (supported: .gguf files, Hugging Face directories with safetensors)")
 
 

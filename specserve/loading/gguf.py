@@ -1,4 +1,9 @@
-"""GGUF files -> (ModelArch, canonical weights, Tokenizer), through the `gguf` package's reader."""
+"""GGUF files -> (ModelArch, canonical weights, Tokenizer).
+
+The header is read by gguf_file.GGUFFile; quantized matrices stay in their blocks as views of the
+mmap'd file (QuantizedWeight.raw), which the block kernels read in place: a model costs its file's
+bytes, and the OS pages them in and shares them between processes. Every tensor's shape is checked
+against the architecture before anything is built from it."""
 from __future__ import annotations
 
 import re
@@ -7,7 +12,8 @@ import numpy as np
 import torch
 
 from ..registry import ARCHITECTURES
-from .quants import SUPPORTED_TYPES, dequantize
+from .gguf_file import GGUFFile
+from .quants import dequantize
 from .tokenizer import Tokenizer
 from .weights import ModelArch, QuantizedWeight
 
@@ -28,19 +34,7 @@ _LAYER_NAMES = {
 _GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head",
                  "rope_freqs.weight": "rope_freqs"}
 # Kept as GGML blocks (the block kernels read them); everything else is dequantised at load.
-_KEEP_QUANTIZED = ("Q8_0", "Q4_0", "Q4_1")
-
-
-def read_fields(reader) -> dict:
-    out = {}
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF."):
-            continue
-        try:
-            out[name] = field.contents()
-        except Exception:  # a field type this gguf version cannot decode: not one we need
-            continue
-    return out
+_KEEP_QUANTIZED = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K")
 
 
 def _arch_from_fields(f: dict, path: str, tensor_names: set) -> ModelArch:
@@ -48,6 +42,10 @@ def _arch_from_fields(f: dict, path: str, tensor_names: set) -> ModelArch:
     if arch not in ARCHITECTURES:
         raise ValueError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES.names())})")
     p = arch + "."
+    missing = [k for k in ("attention.head_count", "embedding_length", "feed_forward_length", "block_count")
+               if p + k not in f]
+    if missing:
+        raise ValueError(f"{path}: the header lacks {', '.join(p + k for k in missing)}")
     n_heads = int(f[p + "attention.head_count"])
     hidden = int(f[p + "embedding_length"])
     vocab = int(f.get(p + "vocab_size") or len(f["tokenizer.ggml.tokens"]))
@@ -80,41 +78,57 @@ def _unpermute_order(rows: int, n_heads: int) -> np.ndarray:
     return np.arange(rows).reshape(n_heads, half, 2).swapaxes(1, 2).reshape(-1)
 
 
+def expected_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """Canonical name -> the shape the architecture implies (numpy order: [out, in] for a matrix)."""
+    h, f, d = arch.hidden_size, arch.intermediate_size, arch.head_dim
+    q, kv = arch.num_attention_heads * d, arch.num_key_value_heads * d
+    shapes = {"embed": (arch.vocab_size, h), "norm": (h,), "lm_head": (arch.vocab_size, h)}
+    per_layer = {"attn_norm": (h,), "ffn_norm": (h,), "q": (q, h), "k": (kv, h), "v": (kv, h), "o": (h, q),
+                 "q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,), "gate": (f, h), "up": (f, h), "down": (h, f)}
+    for i in range(arch.num_hidden_layers):
+        shapes.update({f"layers.{i}.{k}": v for k, v in per_layer.items()})
+    return shapes
+
+
+def required_names(arch: ModelArch) -> list[str]:
+    names = ["embed", "norm"] + ([] if arch.tie_word_embeddings else ["lm_head"])
+    per_layer = ["attn_norm", "ffn_norm", "q", "k", "v", "o", "gate", "up", "down"]
+    per_layer += ["q_bias", "k_bias", "v_bias"] if arch.attention_bias else []
+    return names + [f"layers.{i}.{k}" for i in range(arch.num_hidden_layers) for k in per_layer]
+
+
+def _canonical(tensor_name: str) -> str | None:
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", tensor_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return _GLOBAL_NAMES.get(tensor_name)
+
+
 def load_gguf(path: str, keep_quantized: bool = True):
     """Returns (arch, weights: {canonical name: Tensor | QuantizedWeight}, tokenizer)."""
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(path)
-    except Exception as e:
-        raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
-    fields = read_fields(reader)
-    names = {t.name for t in reader.tensors}
-    arch = _arch_from_fields(fields, path, names)
-    tokenizer = Tokenizer.from_gguf_fields(fields, path)
-
+    g = GGUFFile(path)
+    arch = _arch_from_fields(g.fields, path, set(g.tensors))
+    tokenizer = Tokenizer.from_gguf_fields(g.fields, path)
+    expected = expected_shapes(arch)
+    by_name = {c: t for t in g.tensors.values() if (c := _canonical(t.name)) is not None}
+    missing = [n for n in required_names(arch) if n not in by_name]
+    if missing:
+        raise ValueError(f"{path}: tensors missing for a {arch.num_hidden_layers}-layer {arch.architecture} model "
+                         f"(e.g. {', '.join(missing[:3])}): block_count or the file is wrong")
+    permuted = ARCHITECTURES.get(arch.architecture).gguf_permuted_qk
     weights = {}
-    layer_re = re.compile(r"blk\.(\d+)\.(.+)")
-    for t in reader.tensors:
-        m = layer_re.fullmatch(t.name)
-        if m and m.group(2) in _LAYER_NAMES:
-            name = f"layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-        elif t.name in _GLOBAL_NAMES:
-            name = _GLOBAL_NAMES[t.name]
+    for name, t in by_name.items():
+        want = expected.get(name)
+        if want is not None and t.shape != want:
+            raise ValueError(f"{path}: tensor {t.name} has shape {list(t.shape)}, the header's hyper-parameters "
+                             f"imply {list(want)}")
+        if len(t.shape) == 2 and keep_quantized and t.type_name in _KEEP_QUANTIZED:
+            w = QuantizedWeight(t.type_name, g.raw(t.name), t.shape)
         else:
-            continue
-        type_name = t.tensor_type.name
-        if type_name not in SUPPORTED_TYPES:
-            raise ValueError(f"{path}: tensor {t.name} has quantization type {type_name}, "
-                             f"not supported (supported: {', '.join(SUPPORTED_TYPES)})")
-        shape = tuple(int(s) for s in reversed(t.shape))  # GGUF lists the fastest dimension first
-        if len(shape) == 2 and keep_quantized and type_name in _KEEP_QUANTIZED:
-            w = QuantizedWeight(type_name, np.asarray(t.data).reshape(shape[0], -1), shape)
-        else:
-            w = torch.from_numpy(np.array(dequantize(t.data, type_name, shape), copy=True))
-        if ARCHITECTURES.get(arch.architecture).gguf_permuted_qk and name.endswith((".q", ".k", ".q_bias", ".k_bias")):
+            w = torch.from_numpy(np.array(dequantize(g.raw(t.name), t.type_name, t.shape), copy=True))
+        if permuted and name.endswith((".q", ".k", ".q_bias", ".k_bias")):
             n = arch.num_attention_heads if name.endswith(("q", "q_bias")) else arch.num_key_value_heads
-            order = _unpermute_order(shape[0], n)
+            order = _unpermute_order(t.shape[0], n)
             w = w.permute_rows(order) if isinstance(w, QuantizedWeight) else w[torch.from_numpy(order)]
         weights[name] = w
     return arch, weights, tokenizer

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-QK = 32    # elements per block of the legacy formats (Q4_0, Q4_1, Q8_0)
+QK = 32    # elements per block of the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
 QK_K = 256  # elements per super-block of the k-quants (Q4_K, Q6_K)
 
 # name -> (elements per block, bytes per block)
@@ -18,6 +18,8 @@ BLOCK_LAYOUT = {
     "Q8_0": (QK, 2 + QK),
     "Q4_0": (QK, 2 + QK // 2),
     "Q4_1": (QK, 4 + QK // 2),
+    "Q5_0": (QK, 2 + 4 + QK // 2),
+    "Q5_1": (QK, 4 + 4 + QK // 2),
     "Q4_K": (QK_K, 2 + 2 + 12 + QK_K // 2),
     "Q6_K": (QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2),
 }
@@ -50,6 +52,23 @@ def dequant_q4_1(blocks: np.ndarray) -> np.ndarray:
     d, m = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
     q = _split_nibbles(blocks[:, 4:]).astype(np.float32)
     return d * q + m
+
+
+def _q5_values(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """[n, 4] little-endian high bits + [n, 16] nibbles -> [n, 32] 5-bit values (bit j of qh is
+    element j's fifth bit)."""
+    bits = np.unpackbits(np.ascontiguousarray(qh), axis=-1, bitorder="little")  # [n, 32]
+    return _split_nibbles(qs) | (bits << 4)
+
+
+def dequant_q5_0(blocks: np.ndarray) -> np.ndarray:
+    d = _f16(blocks[:, :2])
+    return d * (_q5_values(blocks[:, 2:6], blocks[:, 6:]).astype(np.float32) - 16.0)
+
+
+def dequant_q5_1(blocks: np.ndarray) -> np.ndarray:
+    d, m = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
+    return d * _q5_values(blocks[:, 4:8], blocks[:, 8:]).astype(np.float32) + m
 
 
 def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -88,6 +107,8 @@ _DEQUANT = {
     "Q8_0": dequant_q8_0,
     "Q4_0": dequant_q4_0,
     "Q4_1": dequant_q4_1,
+    "Q5_0": dequant_q5_0,
+    "Q5_1": dequant_q5_1,
     "Q4_K": dequant_q4_k,
     "Q6_K": dequant_q6_k,
 }

@@ -20,31 +20,45 @@ BLOCK_KERNEL_MAX_ROWS = 32
 # ~1,000 (all layers' and the head's products; the table is in the README's AMX section, measured on
 # the 2-core Xeon of bench/results/spec-cpu-20261123-171653.md).
 BLOCK_KERNEL_MAX_ROWS_AMX = 1024
+# Regrouped for block_matmul.cpp (and its AMX build); other block types run in place (GgufWeight).
+LEGACY_BLOCK_TYPES = ("Q4_0", "Q4_1")
 
 
 class Linear:
-    """y = x @ W^T (+ b). W is a dense [out, in] tensor, or GGML blocks run by the block kernel."""
+    """y = x @ W^T (+ b). W is a dense [out, in] tensor, or GGML blocks run by the block kernels:
+    Q4_0 / Q4_1 regrouped for block_matmul.cpp (with a dense copy for prefill-sized passes, or an AMX
+    copy), every other block type read in place from the file by gguf_matmul.cpp for passes of any
+    size (no copy of any kind)."""
 
     def __init__(self, weights: list, bias: Optional[torch.Tensor], dtype: torch.dtype, device: torch.device,
                  use_blocks: bool):
         # Several weights with the same input (q, k, v or gate, up) are stacked into one product.
         self.block = None
-        if use_blocks and all(isinstance(w, QuantizedWeight) for w in weights) \
-                and len({w.type_name for w in weights}) == 1 and weights[0].type_name in kernels.BlockWeight.SUPPORTED:
+        self.dense = None
+        types = {w.type_name for w in weights if isinstance(w, QuantizedWeight)}
+        blocked = use_blocks and all(isinstance(w, QuantizedWeight) for w in weights)
+        if blocked and len(types) == 1 and weights[0].type_name in LEGACY_BLOCK_TYPES:
             raw = np.concatenate([w.raw for w in weights], axis=0)
             shape = (sum(w.shape[0] for w in weights), weights[0].shape[1])
             self.block = kernels.BlockWeight(weights[0].type_name, raw, shape)
             self.dense = self.block.dequantize()
             self.max_block_rows = BLOCK_KERNEL_MAX_ROWS_AMX if self.block.packed is not None else BLOCK_KERNEL_MAX_ROWS
+        elif blocked and all(kernels.GgufWeight.supports(t) for t in types):
+            self.block = kernels.GgufWeight(weights)
+            self.max_block_rows = None  # every pass on the blocks
         else:
             self.dense = torch.cat([as_dense(w) for w in weights], 0).to(device=device, dtype=dtype)
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        if self.block is not None and x.shape[0] <= self.max_block_rows:
+        if self.block is not None and (self.max_block_rows is None or x.shape[0] <= self.max_block_rows):
             y = self.block.matmul(x)
             return y if self.bias is None else y + self.bias
         return torch.nn.functional.linear(x, self.dense, self.bias)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The dense [out, in] weight (the copy Linear keeps, or one dequantised now)."""
+        return self.dense if self.dense is not None else self.block.dequantize()
 
 
 def fused_layer_weights(attn_norm: torch.Tensor, ffn_norm: torch.Tensor, qkv: Linear, o: Linear, gate_up: Linear,
@@ -64,8 +78,9 @@ def runs_fused(weights, num_rows: int, meta) -> bool:
     if weights is None or not meta.use_paged_kernel:
         return False
     layer = weights[0] if isinstance(weights, list) else weights  # all layers have the same shapes
-    # blocked parts of qkv, o, gate_up, down: six where they have an AMX copy
-    packed = all(len(layer[i]) == 6 for i in (2, 4, 5, 6))
+    # blocked parts of qkv, o, gate_up, down: six where they have an AMX copy (a GgufWeight's parts
+    # end in its int64 type list instead)
+    packed = all(len(layer[i]) == 6 and layer[i][-1].dtype != torch.int64 for i in (2, 4, 5, 6))
     return num_rows <= (BLOCK_KERNEL_MAX_ROWS_AMX if packed else BLOCK_KERNEL_MAX_ROWS)
 
 

@@ -45,12 +45,14 @@ class LlamaModel:
         embed = weights["embed"]
         head = embed if arch.tie_word_embeddings else weights["lm_head"]
         self.lm_head = Linear([head], None, dtype, device, use_blocks)
-        if head is not embed and isinstance(embed, QuantizedWeight) and use_blocks \
-                and embed.type_name in kernels.BlockWeight.SUPPORTED:
-            self.embed_rows = kernels.BlockWeight(embed.type_name, embed.raw, embed.shape).rows
+        if head is embed and isinstance(self.lm_head.block, kernels.GgufWeight):
+            self.embed_rows = self.lm_head.block.rows  # tied, in place: rows decoded from the head's blocks
+        elif head is not embed and isinstance(embed, QuantizedWeight) and use_blocks \
+                and kernels.GgufWeight.supports(embed.type_name):
+            self.embed_rows = kernels.GgufWeight([embed]).rows  # read in place from the file
         else:
-            # Tied: the head's dense copy (kept for prefill-sized products anyway) is the table; one
-            # gather, where dequantising the looked-up rows from blocks costs ~8 small ops per step.
+            # Tied legacy blocks: the head's dense copy (kept for prefill-sized products anyway) is the
+            # table; one gather, where dequantising the looked-up rows costs ~8 small ops per step.
             table = self.lm_head.dense if head is embed else as_dense(embed).to(device, dtype)
             self.embed_rows = lambda ids: F.embedding(ids, table)
         self.max_len = max_len or arch.max_position_embeddings
@@ -126,7 +128,7 @@ class LlamaModel:
         [B, hidden] float32 -> [B, V'] float32; on the block kernels when the head is blocked."""
         if self.lm_head.block is not None:
             return self.lm_head.block.select_rows(ids.cpu()).matmul
-        rows = self.lm_head.dense.index_select(0, ids).float().contiguous()  # [V', hidden]
+        rows = self.lm_head.dense_weight().index_select(0, ids).float().contiguous()  # [V', hidden]
         return lambda x: F.linear(x, rows)
 
 

@@ -73,8 +73,7 @@ def write_gguf(hf, path, quantize: bool):
 
 
 @pytest.mark.parametrize("kind,quantize", [("llama3-rope", False), ("llama-mqa-tied", True), ("llama", True)])
-def test_gguf_logits_match_hf(kind, quantize, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECSERVE_CACHE_DIR", "")
+def test_gguf_logits_match_hf(kind, quantize, tmp_path):
     hf = make_tiny(kind, str(tmp_path / "hf"))
     dequantized = write_gguf(hf, tmp_path / "m.gguf", quantize)
     if dequantized:  # the reference model carries exactly the weights the blocks hold
