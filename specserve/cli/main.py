@@ -10,13 +10,15 @@ import time
 import warnings
 
 from ..config import DTYPES, SpeculativeConfig
-from ..registry import ATTENTION, DRAFTERS, POLICIES, SHAPES
+from ..registry import ATTENTION, DRAFTERS, MODELS, POLICIES, SHAPES
 from .args import positive_float, positive_int, temperature, top_p
 
 
 def _model_path(s: str) -> str:
-    if not os.path.exists(s):
-        raise argparse.ArgumentTypeError(f"{s}: no such file or directory")
+    """A file or directory, or a known model's name (pulled on first use)."""
+    if not os.path.exists(s) and s not in MODELS:
+        raise argparse.ArgumentTypeError(f"{s}: no such file or directory, and not a known model "
+                                         f"({', '.join(MODELS.names())}; see specserve models)")
     return s
 
 
@@ -33,7 +35,8 @@ def _chunk(text: str):
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=_model_path, default=None, help="a .gguf file or HF directory (default: embedded SmolLM2-135M)")
+    p.add_argument("--model", type=_model_path, default=None, help="a .gguf file, an HF directory, or a known model's name (specserve models; pulled on "
+                        "first use) (default: embedded SmolLM2-135M)")
     p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=positive_int, default=None,
@@ -128,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sample the tokens a grammar forces instead of appending them (same output, slower)")
     add_model_args(g)
     add_spec_args(g)
+
+    pu = sub.add_parser("pull", help="fetch a known model from the package registry into the model cache")
+    pu.add_argument("name", choices=MODELS.names(), metavar="NAME", help="one of: " + ", ".join(MODELS.names()))
+    sub.add_parser("models", help="the known models, their sizes, and which are pulled")
 
     from .plan import add_plan_args
     sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions, chat, streaming, /metrics)")
@@ -367,9 +374,29 @@ def _print_origins(tokenizer, outputs) -> None:
     sys.stdout.write(f"[origins: {org.legend_ansi(every)}; {share}]\n")
 
 
+def cmd_pull(args) -> int:
+    from ..loading.pull import pull
+    print(pull(args.name))
+    return 0
+
+
+def cmd_models(args) -> int:
+    from ..loading.pull import list_models
+    rows = list_models()
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        where = r["path"] or "not pulled (specserve pull " + r["name"] + ")"
+        print(f"{r['name']:<{width}}  {r['size'] / 1e6:7.0f} MB  {r['description']}\n{'':<{width}}  {where}")
+    return 0
+
+
 def _run(args) -> int:
     if args.command == "generate":
         return cmd_generate(args)
+    if args.command == "pull":
+        return cmd_pull(args)
+    if args.command == "models":
+        return cmd_models(args)
     if args.command == "serve":
         from .serve import cmd_serve
         return cmd_serve(args, dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
@@ -448,7 +475,8 @@ def main(argv=None) -> int:
         return _run(args)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
+            ConnectionError) as e:  # ConnectionError: a pull that cannot reach the package registry
         if debug:
             raise
         print(f"specserve: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)

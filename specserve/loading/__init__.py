@@ -24,8 +24,13 @@ def embedded_model_path() -> str:
 
 
 def resolve_model_path(model: Optional[str]) -> str:
+    """A path, the embedded model for None, or a known model's pulled file (pulled now if it is not)."""
     if model is None:
         return embedded_model_path()
+    from ..registry import MODELS
+    if model in MODELS and not os.path.exists(model):
+        from .pull import pull
+        return pull(model)
     if not os.path.exists(model):
         raise FileNotFoundError(f"{model}: no such file or directory (expected a .gguf file or a Hugging Face model directory)")
     return model

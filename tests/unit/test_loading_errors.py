@@ -52,7 +52,7 @@ def test_unsupported_quantization_type(tmp_path):
 def test_not_a_gguf(tmp_path):
     p = tmp_path / "x.gguf"
     p.write_bytes(b"garbage")
-    with pytest.raises(ValueError, match=r"x\.gguf: not a readable GGUF file"):
+    with pytest.raises(ValueError, match=r"x\.gguf: not a GGUF file"):
         load_model_files(str(p))
 
 
