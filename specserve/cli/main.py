@@ -35,8 +35,9 @@ def _chunk(text: str):
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=_model_path, default=None, help="a .gguf file, an HF directory, or a known model's name (specserve models; pulled on "
-                        "first use) (default: embedded SmolLM2-135M)")
+    p.add_argument("--model", type=_model_path, default=None,
+                   help="a .gguf file, an HF directory, or a known model's name (specserve models; pulled on first "
+                        "use) (default: embedded SmolLM2-135M)")
     p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=positive_int, default=None,
