@@ -80,7 +80,7 @@ def pull(name: str, progress: bool = True) -> str:
     h = hashlib.sha256()
     written = 0
     bar = None
-    if progress:
+    if progress and sys.stderr.isatty():  # a bar for a person; logs get the result line alone
         from tqdm import tqdm
         bar = tqdm(total=m.size, unit="B", unit_scale=True, desc=f"pull {name}", file=sys.stderr, dynamic_ncols=True)
     try:

@@ -102,3 +102,61 @@ def test_broken_hf_directories_give_one_line_errors(tmp_path, case, match):
     with pytest.raises(ValueError, match=match) as e:
         load_hf_dir(path, with_tokenizer=False)
     assert "\n" not in str(e.value)
+
+
+def write_model_gguf(path, embedding_length=32, block_count=1, q_shape=(32, 32)):
+    """A whole one-layer llama GGUF (F32 tensors), its header and tensors editable to disagree."""
+    w = GGUFWriter(str(path), "llama")
+    w.add_block_count(block_count)
+    w.add_embedding_length(embedding_length)
+    w.add_feed_forward_length(64)
+    w.add_head_count(4)
+    w.add_context_length(64)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["a", "b"])
+    w.add_token_merges([])
+    z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    w.add_tensor("token_embd.weight", z(2, 32))
+    w.add_tensor("output_norm.weight", z(32))
+    w.add_tensor("output.weight", z(2, 32))
+    shapes = {"attn_norm": (32,), "ffn_norm": (32,), "attn_q": q_shape, "attn_k": (32, 32), "attn_v": (32, 32),
+              "attn_output": (32, 32), "ffn_gate": (64, 32), "ffn_up": (64, 32), "ffn_down": (32, 64)}
+    for name, shape in shapes.items():
+        w.add_tensor(f"blk.0.{name}.weight", z(*shape))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_whole_tiny_model_loads(tmp_path):
+    write_model_gguf(p := tmp_path / "ok.gguf")
+    _, arch, weights, _ = load_model_files(str(p))
+    assert arch.hidden_size == 32 and weights["layers.0.q"].shape == (32, 32)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("truncated", r"cut\.gguf: truncated: tensor blk\.0\.\w+\.weight needs bytes up to \d+, the file has \d+"),
+    ("huge-embedding", r"cut\.gguf: tensor token_embd\.weight has shape \[2, 32\], the header's hyper-parameters imply \[2, 1000000\]"),
+    ("block-count", r"cut\.gguf: tensors missing for a 5-layer llama model \(e\.g\. layers\.1\."),
+    ("tensor-shape", r"cut\.gguf: tensor blk\.0\.attn_q\.weight has shape \[32, 16\], the header's hyper-parameters imply \[32, 32\]"),
+    ("magic", r"cut\.gguf: not a GGUF file"),
+    ("header", r"cut\.gguf: truncated GGUF header"),
+])
+def test_corrupted_files_are_one_line_errors_before_anything_is_allocated(tmp_path, case, match, capsys):
+    p = tmp_path / "cut.gguf"
+    write_model_gguf(p, embedding_length=1_000_000 if case == "huge-embedding" else 32,
+                     block_count=5 if case == "block-count" else 1, q_shape=(32, 16) if case == "tensor-shape" else (32, 32))
+    data = p.read_bytes()
+    if case == "truncated":
+        p.write_bytes(data[:-100])
+    elif case == "magic":
+        p.write_bytes(b"GGML" + data[4:])
+    elif case == "header":
+        p.write_bytes(data[:200])
+    with pytest.raises(ValueError, match=match):
+        load_model_files(str(p))
+    from specserve.cli.main import main
+    assert main(["generate", "x", "--model", str(p)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cut.gguf" in err[0], err

@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType, quants
 from specserve.loading.quants import BLOCK_LAYOUT, dequantize
 
 # byte ranges of each block holding an fp16 scale: made finite so both sides compute numbers
-F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q4_K": [0, 2], "Q6_K": [208]}
+F16_FIELDS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q6_K": [208]}
 
 
 def random_blocks(type_name, n_blocks, rng):
@@ -18,7 +18,7 @@ def random_blocks(type_name, n_blocks, rng):
     return raw
 
 
-@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K"])
 def test_block_formats_match_reference(type_name):
     rng = np.random.default_rng(0)
     per_block, _ = BLOCK_LAYOUT[type_name]
