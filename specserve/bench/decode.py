@@ -6,6 +6,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -45,6 +47,44 @@ def _median_runs(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) for k in keys}
 
 
+# What a new process costs to load the model and answer (a child: the bench's own RSS holds the peers).
+_LOAD_PROBE = """
+import json, sys, time
+t0 = time.perf_counter()
+from specserve import LLM, SamplingParams
+llm = LLM(sys.argv[1], kv_cache_gib=float(sys.argv[2]), num_threads=int(sys.argv[3]) or None)
+load = time.perf_counter() - t0
+llm.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=16))
+from specserve.bench.peers import peak_rss_mb
+print(json.dumps({"load_s": load, "peak_rss_mb": peak_rss_mb()}))
+"""
+
+
+def load_probe(model_path: str, kv_cache_gib: float, threads) -> dict:
+    """Load time (import included) and peak RSS of a fresh process that loads the model and decodes
+    16 tokens, as `specserve generate` would."""
+    r = subprocess.run([sys.executable, "-c", _LOAD_PROBE, model_path, str(kv_cache_gib), str(threads or 0)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def arithmetic_floor_ms(llm: LLM, rows: int = 16) -> float:
+    """The block kernels' arithmetic per token: one rows-row pass over every layer's products and the
+    head, per row (weights amortised over the rows, so this is the kernel's compute, not memory)."""
+    model = llm.engine.model
+    lins = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.lm_head]
+    xs = {lin: torch.randn(rows, (lin.block.shape if lin.block is not None else lin.dense.shape)[1]) for lin in lins}
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for lin in lins:
+            lin(xs[lin])
+        best = min(best, time.perf_counter() - t0)
+    return best / rows * 1e3
+
+
 def run_decode_bench(args) -> dict:
     torch.set_num_threads(args.threads or os.cpu_count())
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -67,6 +107,7 @@ def run_decode_bench(args) -> dict:
     greedy_ids: dict = {}
     bar = tqdm(total=sum(len(ids) if b == 1 else 1 for _, b in jobs), desc="bench decode", unit="run")
     hf_fp32 = None
+    llama_process: dict = {}
     for system in systems:
         if system == "specserve":
             llm.generate([ids[0]], SamplingParams(temperature=0, max_tokens=8))  # warm-up
@@ -89,6 +130,7 @@ def run_decode_bench(args) -> dict:
                 continue
             greedy_ids[system] = [r["output_ids"] for r in runs]
             results[system][1] = _median_runs(runs)
+            llama_process = {k: runs[0][k] for k in ("load_s", "peak_rss_mb") if k in runs[0]}
             continue
         for b in batch_sizes:
             bar.set_postfix_str(f"{system} batch {b}")
@@ -105,7 +147,9 @@ def run_decode_bench(args) -> dict:
     arch = llm.engine.arch
     engine_bytes = llm.engine.model.weight_bytes
     fp32_bytes = arch.num_params * 4
-    floor = {"bandwidth_gbs": bw,
+    arithmetic = arithmetic_floor_ms(llm) if args.device == "cpu" else None
+    probe = load_probe(llm.engine.model_path, args.kv_cache_gib, args.threads) if args.device == "cpu" else {}
+    floor = {"bandwidth_gbs": bw, "specserve_arithmetic_ms": arithmetic,
              "specserve_weight_bytes": engine_bytes, "specserve_floor_ms": engine_bytes / bw / 1e6,
              "fp32_weight_bytes": fp32_bytes, "fp32_floor_ms": fp32_bytes / bw / 1e6,
              "gguf_file_bytes": os.path.getsize(llm.engine.model_path) if os.path.isfile(llm.engine.model_path) else None}
@@ -123,6 +167,9 @@ def run_decode_bench(args) -> dict:
         "results": {s: {str(b): v for b, v in r.items()} for s, r in results.items()},
         "greedy_identical_to_engine": identical,
         "hardware_floor": floor,
+        "specserve_process": probe,
+        "llama_cpp_process": llama_process,
+        "cpu_flags": peers.cpu_flags(),
     }
     md = to_markdown(report)
     os.makedirs(args.out, exist_ok=True)
@@ -156,6 +203,19 @@ def to_markdown(r: dict) -> str:
     lines += ["", f"Hardware floor at batch 1 (weight bytes per token / measured read bandwidth {f['bandwidth_gbs']:.1f} GB/s): "
               f"specserve's blocked weights {f['specserve_weight_bytes'] / 1e6:.0f} MB -> {f['specserve_floor_ms']:.1f} ms/token; "
               f"dense fp32 {f['fp32_weight_bytes'] / 1e6:.0f} MB -> {f['fp32_floor_ms']:.1f} ms/token."]
+    if f.get("specserve_arithmetic_ms"):
+        lines += ["", f"Arithmetic floor of specserve's kernels (fp32 activations): {f['specserve_arithmetic_ms']:.1f} ms "
+                  "per token (a 16-row pass over every product, per row: the weights' reads amortised away)."]
+    pr = r.get("specserve_process") or {}
+    if "load_s" in pr:
+        lines += ["", f"A fresh specserve process (load, then 16 tokens): loaded in {pr['load_s']:.2f} s (imports "
+                  f"included), peak RSS {pr['peak_rss_mb']:.0f} MB."]
+    lp = r.get("llama_cpp_process") or {}
+    if "load_s" in lp:
+        lines += ["", f"llama.cpp (its child process, n_ctx 2048): loaded in {lp['load_s']:.2f} s (imports excluded), "
+                  f"peak RSS {lp['peak_rss_mb']:.0f} MB."]
+    if r.get("cpu_flags"):
+        lines += ["", f"CPU: {r['cpu_flags']}"]
     if r["greedy_identical_to_engine"]:
         lines += ["", "Greedy batch-1 tokens identical to specserve (up to the first EOS): " +
                   ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in r["greedy_identical_to_engine"].items())]

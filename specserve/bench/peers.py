@@ -5,6 +5,7 @@ import concurrent.futures
 import copy
 import multiprocessing
 import os
+import platform
 import sys
 import time
 from typing import Optional
@@ -86,26 +87,49 @@ def _llama_cpp_child(gguf_path: str, threads: Optional[int], prompts: list[list[
             params.use_extra_bufts = False
             return params
         llama_cpp.llama_cpp.llama_model_default_params = no_extra_bufts
+    t0 = time.perf_counter()
     llm = Llama(model_path=gguf_path, n_threads=threads or os.cpu_count(), n_ctx=2048, verbose=False)
-    return [llama_cpp_generate(llm, ids, max_new) for ids in prompts]
+    load_s = time.perf_counter() - t0
+    llama_cpp_generate(llm, prompts[0], 4)  # warm-up: its first evaluation sets up buffers
+    runs = [llama_cpp_generate(llm, ids, max_new) for ids in prompts]
+    for r in runs:  # this child process is llama.cpp alone: its load time (imports excluded) and peak RSS
+        r.update(load_s=load_s, peak_rss_mb=peak_rss_mb())
+    return runs
 
 
 def llama_cpp_generate(llm, ids: list[int], max_new: int) -> dict:
-    """Greedy batch-1 decode through llama.cpp's own sampling loop (its only batch mode here)."""
-    def run(n):
-        llm.reset()
-        t0 = time.perf_counter()
-        toks = []
-        for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-            toks.append(tok)
-            if len(toks) >= n:
-                break
-        return time.perf_counter() - t0, toks
-
-    ttft, _ = run(1)
-    wall, toks = run(max_new)
+    """Greedy batch-1 decode through llama.cpp's own sampling loop (its only batch mode here): TTFT
+    and the decode rate from one run, timed at each token."""
+    llm.reset()
+    toks, stamps = [], []
+    t0 = time.perf_counter()
+    for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+        toks.append(tok)
+        stamps.append(time.perf_counter())
+        if len(toks) >= max_new:
+            break
+    wall, ttft = stamps[-1] - t0, stamps[0] - t0
     return {"ttft_s": ttft, "decode_ms_per_step": (wall - ttft) / max(1, len(toks) - 1) * 1e3,
             "tokens_per_s": len(toks) / wall, "wall_s": wall, "tokens": len(toks), "output_ids": toks}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM: unlike getrusage's maxrss, not inherited across fork
+    and exec from a large parent)."""
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024
+
+
+def cpu_flags() -> str:
+    """The CPU's model name and the vector flags the kernels dispatch on (from /proc/cpuinfo)."""
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        return platform.processor() or platform.machine()
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8")
+    return f"{name}; " + " ".join(f for f in wanted if f in flags)
 
 
 def memory_bandwidth_gbs(gib: float = 1.0, repeats: int = 5, device: str = "cpu") -> float:

@@ -57,9 +57,10 @@ inline void k4_scale_min(int j, const uint8_t* q, int* sc, int* mn) {
   }
 }
 
-// One block -> its block_elems(t) fp32 values (the reference decoder; the AVX-512 build decodes
-// the same values in registers).
-inline void decode_block(int t, const uint8_t* b, float* y) {
+// One block -> its block_elems(T) fp32 values (the reference decoder; the AVX-512 build decodes
+// the same values in registers). A template, so that each type's loops vectorise.
+template <int t>
+inline void decode_block_t(const uint8_t* b, float* y) {
   switch (t) {
     case Q4_0: case Q4_1: {
       const float d = fp16(b), m = t == Q4_1 ? fp16(b + 2) : 0.0f;
@@ -130,6 +131,19 @@ inline void decode_block(int t, const uint8_t* b, float* y) {
     }
     default:
       break;
+  }
+}
+
+inline void decode_block(int t, const uint8_t* b, float* y) {
+  switch (t) {
+    case Q4_0: return decode_block_t<Q4_0>(b, y);
+    case Q4_1: return decode_block_t<Q4_1>(b, y);
+    case Q5_0: return decode_block_t<Q5_0>(b, y);
+    case Q5_1: return decode_block_t<Q5_1>(b, y);
+    case Q8_0: return decode_block_t<Q8_0>(b, y);
+    case Q4_K: return decode_block_t<Q4_K>(b, y);
+    case Q6_K: return decode_block_t<Q6_K>(b, y);
+    default: return;
   }
 }
 

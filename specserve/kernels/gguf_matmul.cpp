@@ -22,15 +22,15 @@ namespace {
 constexpr int MAX_TILE_ROWS = 8;  // R accumulators + 4 weight vectors + a partial product: 13 registers
 constexpr int64_t GROUP = 16;     // output columns whose weights stay in cache while every row tile reads them
 
-template <int R>
+template <int R, int T>
 void column(const Segment& s, int64_t col, const float* x, int64_t K, float* y, int64_t N, int64_t r0) {
-  const int elems = block_elems(s.type), bytes = block_bytes(s.type);
+  const int elems = block_elems(T), bytes = block_bytes(T);
   const uint8_t* row = s.data + col * s.row_bytes;
   alignas(32) float w[256];
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < K / elems; ++b) {
-    decode_block(s.type, row + b * bytes, w);
+    decode_block_t<T>(row + b * bytes, w);
     for (int c = 0; c < elems; c += 32) {
       const __m256 w0 = _mm256_load_ps(w + c), w1 = _mm256_load_ps(w + c + 8);
       const __m256 w2 = _mm256_load_ps(w + c + 16), w3 = _mm256_load_ps(w + c + 24);
@@ -47,21 +47,35 @@ void column(const Segment& s, int64_t col, const float* x, int64_t K, float* y, 
   for (int r = 0; r < R; ++r) y[(r0 + r) * N + s.first + col] = hsum(acc[r]);
 }
 
-template <int R>
+template <int R, int T>
 void columns(const Segment& s, int64_t c0, int64_t c1, const Call& c, int64_t r0) {
-  for (int64_t col = c0; col < c1; ++col) column<R>(s, col, c.x, c.K, c.y, c.N, r0);
+  for (int64_t col = c0; col < c1; ++col) column<R, T>(s, col, c.x, c.K, c.y, c.N, r0);
+}
+
+template <int T>
+void columns_type(int rows, const Segment& s, int64_t c0, int64_t c1, const Call& c, int64_t r0) {
+  switch (rows) {
+    case 1: columns<1, T>(s, c0, c1, c, r0); break;
+    case 2: columns<2, T>(s, c0, c1, c, r0); break;
+    case 3: columns<3, T>(s, c0, c1, c, r0); break;
+    case 4: columns<4, T>(s, c0, c1, c, r0); break;
+    case 5: columns<5, T>(s, c0, c1, c, r0); break;
+    case 6: columns<6, T>(s, c0, c1, c, r0); break;
+    case 7: columns<7, T>(s, c0, c1, c, r0); break;
+    default: columns<8, T>(s, c0, c1, c, r0); break;
+  }
 }
 
 void columns_rows(int rows, const Segment& s, int64_t c0, int64_t c1, const Call& c, int64_t r0) {
-  switch (rows) {
-    case 1: columns<1>(s, c0, c1, c, r0); break;
-    case 2: columns<2>(s, c0, c1, c, r0); break;
-    case 3: columns<3>(s, c0, c1, c, r0); break;
-    case 4: columns<4>(s, c0, c1, c, r0); break;
-    case 5: columns<5>(s, c0, c1, c, r0); break;
-    case 6: columns<6>(s, c0, c1, c, r0); break;
-    case 7: columns<7>(s, c0, c1, c, r0); break;
-    default: columns<8>(s, c0, c1, c, r0); break;
+  switch (s.type) {
+    case Q4_0: return columns_type<Q4_0>(rows, s, c0, c1, c, r0);
+    case Q4_1: return columns_type<Q4_1>(rows, s, c0, c1, c, r0);
+    case Q5_0: return columns_type<Q5_0>(rows, s, c0, c1, c, r0);
+    case Q5_1: return columns_type<Q5_1>(rows, s, c0, c1, c, r0);
+    case Q8_0: return columns_type<Q8_0>(rows, s, c0, c1, c, r0);
+    case Q4_K: return columns_type<Q4_K>(rows, s, c0, c1, c, r0);
+    case Q6_K: return columns_type<Q6_K>(rows, s, c0, c1, c, r0);
+    default: return;
   }
 }
 

@@ -1,9 +1,9 @@
 // The GGUF block kernel of gguf_matmul.cpp for CPUs with AVX-512 (chosen at run time): each chunk
 // of 32 weights is decoded in two 16-lane registers to its exact fp32 values (the same values as
-// gguf_blocks.h's decode_block), and each row then adds  t = w[0:16] . x + w[16:32] . x  (a product
-// and an FMA) to its one accumulator. The partial products are fresh per chunk, so one row is not
-// held up by the accumulator's add latency, and the order of every output's sum is the same whatever
-// the number of rows beside it.
+// gguf_blocks.h's decode_block), and each row then adds it into two accumulators with two FMAs
+// (elements 0..15 and 16..31 of every chunk), added at the end: the order of every output's sum is
+// the same whatever the number of rows beside it. A one-row pass is bound by the decoding (widening
+// bytes and looking up values: shuffles), a pass of many rows by the FMAs, two per 32 weights a row.
 #include "ops.h"
 #include "gguf_blocks.h"
 
@@ -29,15 +29,14 @@ __attribute__((always_inline)) inline void u8_to_ps(__m256i v, __m512 w[2]) {
   w[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(v, 1)));
 }
 
-// Per row r: acc[r] += w[0] . x[r, off:off+16] + w[1] . x[r, off+16:off+32] (one partial product, added).
+// Per row r: lo[r] += w[0] * x[r, off:off+16], hi[r] += w[1] * x[r, off+16:off+32] (acc = [lo | hi]).
 template <int R>
-__attribute__((always_inline)) inline void rows(const __m512 w[2], const float* x, int64_t K, int64_t off, __m512 acc[R]) {
+__attribute__((always_inline)) inline void rows(const __m512 w[2], const float* x, int64_t K, int64_t off, __m512 acc[2 * R]) {
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const float* xb = x + r * K + off;
-    __m512 t = _mm512_mul_ps(w[0], _mm512_loadu_ps(xb));
-    t = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xb + 16), t);
-    acc[r] = _mm512_add_ps(acc[r], t);
+    acc[r] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xb), acc[r]);
+    acc[R + r] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xb + 16), acc[R + r]);
   }
 }
 
@@ -75,8 +74,10 @@ __attribute__((always_inline)) inline void decode32(const uint8_t* b, __m512 w[2
   }
 }
 
-template <int R, int T>
-__attribute__((always_inline)) inline void block(const uint8_t* b, const float* x, int64_t K, int64_t e0, __m512 acc[R]) {
+// One block: one chunk of 32 weights (Q4_0 .. Q8_0) or 8 (the k-quants), each handed to
+// sink(w, offset of its first element in the row) decoded.
+template <int T, class Sink>
+__attribute__((always_inline)) inline void block(const uint8_t* b, int64_t e0, Sink&& sink) {
   __m512 w[2];
   if constexpr (T == Q4_K) {
     // 8 sub-blocks of 32; bytes 32j..32j+31 of qs hold sub-block 2j (low nibbles) and 2j+1 (high).
@@ -107,11 +108,11 @@ __attribute__((always_inline)) inline void block(const uint8_t* b, const float* 
       const __m512 lo = _mm512_fmadd_ps(iota, _mm512_set1_ps(ds[2 * j]), _mm512_set1_ps(ms[2 * j]));
       w[0] = _mm512_permutexvar_ps(b0, lo);
       w[1] = _mm512_permutexvar_ps(b1, lo);
-      rows<R>(w, x, K, e0 + 64 * j, acc);
+      sink(w, e0 + 64 * j);
       const __m512 hi = _mm512_fmadd_ps(iota, _mm512_set1_ps(ds[2 * j + 1]), _mm512_set1_ps(ms[2 * j + 1]));
       w[0] = _mm512_permutexvar_ps(_mm512_srli_epi32(b0, 4), hi);
       w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(b1, 4), hi);
-      rows<R>(w, x, K, e0 + 64 * j + 32, acc);
+      sink(w, e0 + 64 * j + 32);
     }
   } else if constexpr (T == Q6_K) {
     // Two halves of 128; chunk c of a half: ql bytes 32 (c & 1).., nibble c >> 1, qh bits 2c, 2c+1.
@@ -130,12 +131,12 @@ __attribute__((always_inline)) inline void block(const uint8_t* b, const float* 
         // (d sc) (q - 32): d sc exact, then an exact product, as the reference
         w[0] = _mm512_mul_ps(_mm512_add_ps(w[0], off), _mm512_set1_ps(d * sc[2 * c]));
         w[1] = _mm512_mul_ps(_mm512_add_ps(w[1], off), _mm512_set1_ps(d * sc[2 * c + 1]));
-        rows<R>(w, x, K, e0 + 128 * h + 32 * c, acc);
+        sink(w, e0 + 128 * h + 32 * c);
       }
     }
   } else {
     decode32<T>(b, w);
-    rows<R>(w, x, K, e0, acc);
+    sink(w, e0);
   }
 }
 
@@ -148,12 +149,14 @@ void columns(const Segment& s, int64_t c0, int64_t c1, int64_t c_end, const Call
   for (int64_t col = c0; col < c1; ++col) {
     if (r0 == 0 && col + PREFETCH_COLUMNS < c_end) prefetch_row(s.data + (col + PREFETCH_COLUMNS) * s.row_bytes, s.row_bytes);
     const uint8_t* row = s.data + col * s.row_bytes;
-    __m512 acc[R];
+    __m512 acc[2 * R];
+#pragma GCC unroll 16
+    for (int r = 0; r < 2 * R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b)
+      block<T>(row + b * bytes, b * elems, [&](const __m512 w[2], int64_t off) { rows<R>(w, x, c.K, off, acc); });
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) block<R, T>(row + b * bytes, x, c.K, b * elems, acc);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) c.y[(r0 + r) * c.N + s.first + col] = _mm512_reduce_add_ps(acc[r]);
+    for (int r = 0; r < R; ++r)
+      c.y[(r0 + r) * c.N + s.first + col] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], acc[R + r]));
   }
 }
 

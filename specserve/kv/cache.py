@@ -5,7 +5,18 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
+
+
+def zeros(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed tensor. On the CPU through calloc (numpy), whose large blocks are fresh zero pages
+    mapped on first write: a KV cache costs resident memory only for the blocks sequences use, where
+    torch.zeros writes (and so keeps resident) every byte up front."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
 
 
 class KVCache:
@@ -14,8 +25,8 @@ class KVCache:
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [layers, slots, kv_heads, head_dim]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = zeros(shape, dtype, device)  # [layers, slots, kv_heads, head_dim]
+        self.v = zeros(shape, dtype, device)
         self.features: Optional[torch.Tensor] = None  # [slots, hidden] float32, once keep_features
 
     def keep_features(self, hidden_size: int) -> None:
