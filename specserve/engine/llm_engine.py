@@ -78,6 +78,8 @@ class LLMEngine:
         # before; 0.97x after, bench/results/spec-cpu-20261124-072437.md)
         plain = SpeculativeConfig().resolved_attention(mc.device)
         self.runner = ModelRunner(self.model, self.kv, self.device, attention=attention, plain_attention=plain)
+        if self.device.type == "cuda" and mc.cuda_graphs:
+            self.runner = _graph_runner(self.runner, config, self.max_model_len)
         self.speculator: Optional[SpeculativeDecoder] = None
         if spec_config is not None:
             ctx = DrafterContext(self.model, self.tokenizer, self.model_path, num_blocks, cc.block_size, attention,
@@ -371,6 +373,19 @@ class LLMEngine:
                 self.speculator.release(r)
             self._live.pop(r.request_id, None)
         return delta
+
+
+def _graph_runner(eager: ModelRunner, config: EngineConfig, max_model_len: int) -> ModelRunner:
+    """The CUDA-graph runner for decode and verify steps, or the eager one where Triton is missing."""
+    from ..attention import triton_paged
+    if not triton_paged.available():
+        print("cuda_graphs: triton is not installed; every step runs eagerly")
+        return eager
+    from .graph_runner import GraphModelRunner
+    sc = config.scheduler
+    return GraphModelRunner(eager.model, eager.kv, eager.device, eager.attention, eager.plain_attention,
+                            max_seqs=sc.max_num_seqs, max_model_len=max_model_len,
+                            max_graph_tokens=min(256, sc.max_num_batched_tokens))
 
 
 def _root(s: ScheduledRequest) -> int:

@@ -1,0 +1,95 @@
+"""ModelRunner with CUDA graphs: decode and verify steps replay a graph captured at the next token
+count up (cuda/plan.py), over static input buffers; prefill and mixed steps run eagerly.
+
+This is vLLM's CUDA-graph runner in the engine's terms: graphs are captured once at start, largest
+first so the smaller ones share its memory pool; a step pads its tokens up to a captured size; the
+graph's outputs are static tensors, copied out before the next replay can overwrite them.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Optional
+
+import torch
+
+from ..attention import triton_paged
+from ..cuda.buffers import StaticInputs
+from ..cuda.forward import StaticForward
+from ..cuda.plan import MAX_GRAPH_Q, capture_sizes, padded_size
+from ..kv.cache import KVCache
+from ..scheduler.scheduler import ScheduledRequest
+from .runner import ModelRunner, StepLayout, StepOutput
+
+MAX_GRAPH_SPAN = 64  # the longest token tree (rows) a graphed step takes; the tree-mask buffer's width
+
+
+class GraphModelRunner(ModelRunner):
+    def __init__(self, model, kv_cache: KVCache, device: torch.device, attention: str = "split",
+                 plain_attention: Optional[str] = None, max_seqs: int = 64, max_model_len: int = 2048,
+                 max_graph_tokens: int = 128, capture: Optional[bool] = None, use_triton: Optional[bool] = None):
+        """capture: record CUDA graphs (default: on CUDA); without, static steps run their kernels
+        eagerly (what the CPU tests check). use_triton: the fused Triton ops (default: when triton
+        imports and the device is CUDA)."""
+        super().__init__(model, kv_cache, device, attention, plain_attention)
+        self.sizes = capture_sizes(max_graph_tokens)
+        bs = kv_cache.block_size
+        self.inputs = StaticInputs(self.sizes[-1], max_seqs, -(-max_model_len // bs), MAX_GRAPH_SPAN, bs, device)
+        if use_triton is None:
+            use_triton = triton_paged.available() and device.type == "cuda"
+        self.static = StaticForward(model, kv_cache.k, kv_cache.v, self.inputs, use_triton)
+        self.capture = device.type == "cuda" if capture is None else capture
+        self.graphs: dict[int, tuple] = {}  # size -> (CUDAGraph, logits [size, V], hidden [size, hidden])
+        self.counts: Counter = Counter()  # steps by path: "graph", "eager"
+        self.capture_s = 0.0
+        if self.capture:
+            self.capture_all()
+
+    def capture_all(self) -> None:
+        """Capture every size with all-padding inputs (no KV is read or written)."""
+        t0 = time.perf_counter()
+        self.inputs.clear()
+        pool = None
+        for size in reversed(self.sizes):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # compiles the kernels, picks cuBLAS's algorithms for this size
+                self.static(size)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits, hidden = self.static(size)
+            pool = graph.pool()
+            self.graphs[size] = (graph, logits, hidden)
+        torch.cuda.synchronize()
+        self.capture_s = time.perf_counter() - t0
+
+    def graph_size(self, lay: StepLayout) -> Optional[int]:
+        """The captured size this step replays, or None (eager): prompt chunks, or past the buffers."""
+        if not lay.q_lens or max(lay.q_lens) > MAX_GRAPH_Q or not self.inputs.fits(lay.q_lens, lay.tables, lay.trees):
+            return None
+        return padded_size(len(lay.token_ids), self.sizes)
+
+    def execute(self, scheduled: list[ScheduledRequest], return_hidden: bool = False) -> StepOutput:
+        lay = self.layout(scheduled)
+        size = self.graph_size(lay)
+        if size is None:
+            self.counts["eager"] += 1
+            return self.run_eager(scheduled, lay, return_hidden)
+        self.counts["graph"] += 1
+        T = len(lay.token_ids)
+        self.inputs.fill(lay.token_ids, lay.positions, lay.q_lens, lay.kv_lens, lay.tables, lay.trees, size)
+        if self.capture:
+            graph, logits, hidden = self.graphs[size]
+            graph.replay()
+        else:
+            logits, hidden = self.static(size)
+        # copies: the next replay overwrites the graph's outputs, and drafters keep hidden rows
+        if lay.logits_rows == list(range(T)):
+            out_logits = logits[:T].clone()
+        else:
+            out_logits = logits.index_select(0, torch.tensor(lay.logits_rows, dtype=torch.long, device=self.device))
+        out_hidden = hidden[:T].clone() if return_hidden else None
+        if out_hidden is not None and self.kv.features is not None:  # beside the KV, for prefix-cache hits
+            self.kv.features.index_copy_(0, self.inputs.slots[:T].long(), out_hidden.float())
+        return StepOutput(list(scheduled), out_logits, out_hidden, lay.rows)
