@@ -51,6 +51,7 @@ class StaticInputs:
         self.host = torch.zeros(n, dtype=torch.int32, pin_memory=pin)
         self.dev = torch.zeros(n, dtype=torch.int32, device=device)
         self._np = self.host.numpy()
+        self._tree_at = self._offsets[7]  # the tree mask comes last: a step copies only its rows of it
         self._copied: Optional[torch.cuda.Event] = None
         views = [self._view(i) for i in range(len(sizes))]
         self.ids, self.positions, self.slots, self.seq, self.limit = views[:5]
@@ -109,7 +110,8 @@ class StaticInputs:
         slots[T:padded] = -1
         seq[T:padded] = 0
         limit[T:padded] = -1
-        self.dev.copy_(self.host, non_blocking=True)
+        n = self._tree_at + padded * self.max_span
+        self.dev[:n].copy_(self.host[:n], non_blocking=True)
         if self.device.type == "cuda":
             self._copied = torch.cuda.Event()
             self._copied.record()

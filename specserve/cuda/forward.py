@@ -7,6 +7,8 @@ with the fused ops of cuda/ops.py (Triton) or their torch references (use_triton
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..attention.triton_paged import attention_torch, attention_triton
@@ -27,9 +29,10 @@ class StaticForward:
         self.attend = attention_triton if use_triton else attention_torch
 
     @torch.inference_mode()
-    def __call__(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, T: int, logits_rows: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The step's first T buffer rows -> (logits [T, vocab] float32, hidden [T, hidden]: the last
-        hidden state before the final norm, what EAGLE reads)."""
+        hidden state before the final norm, what EAGLE reads). logits_rows [S]: only those rows go
+        through the LM head (outside graphs: a prompt chunk's logits would be [T, vocab])."""
         m, inp = self.model, self.inputs
         H, Hkv, D, eps = m.num_heads, m.num_kv_heads, m.head_dim, m.eps
         positions, slots = inp.positions[:T], inp.slots[:T]
@@ -45,4 +48,6 @@ class StaticForward:
             x, h = self.norm(x, w.o(self.attend(q, kc, vc, inp, m.scale).reshape(T, H * D)), w.ffn_norm, eps)
             delta = w.down(self.silu_mul(w.gate_up(h)))
         x, h = self.norm(x, delta, m.norm, eps)
+        if logits_rows is not None:
+            h = h.index_select(0, logits_rows)
         return m.lm_head(h).float(), x

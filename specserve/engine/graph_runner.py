@@ -1,5 +1,8 @@
 """ModelRunner with CUDA graphs: decode and verify steps replay a graph captured at the next token
-count up (cuda/plan.py), over static input buffers; prefill and mixed steps run eagerly.
+count up (cuda/plan.py), over static input buffers; prefill and mixed steps run the same fused
+kernels eagerly (9 launches a layer instead of the torch path's ~35: on an H200 a mixed step of the
+torch path cost ~20 ms of launches for SmolLM2-135M), or the model's own forward where the step does
+not fit the buffers or Triton is missing.
 
 This is vLLM's CUDA-graph runner in the engine's terms: graphs are captured once at start, largest
 first so the smaller ones share its memory pool; a step pads its tokens up to a captured size; the
@@ -27,20 +30,24 @@ MAX_GRAPH_SPAN = 64  # the longest token tree (rows) a graphed step takes; the t
 class GraphModelRunner(ModelRunner):
     def __init__(self, model, kv_cache: KVCache, device: torch.device, attention: str = "split",
                  plain_attention: Optional[str] = None, max_seqs: int = 64, max_model_len: int = 2048,
-                 max_graph_tokens: int = 128, capture: Optional[bool] = None, use_triton: Optional[bool] = None):
-        """capture: record CUDA graphs (default: on CUDA); without, static steps run their kernels
-        eagerly (what the CPU tests check). use_triton: the fused Triton ops (default: when triton
-        imports and the device is CUDA)."""
+                 max_graph_tokens: int = 128, max_step_tokens: int = 0, capture: Optional[bool] = None,
+                 use_triton: Optional[bool] = None):
+        """max_step_tokens: the most tokens a step may bring (the scheduler's budget); steps past the
+        graphs up to it run the fused kernels eagerly when use_triton. capture: record CUDA graphs
+        (default: on CUDA); without, static steps run their kernels eagerly (what the CPU tests
+        check). use_triton: the fused Triton ops (default: when triton imports and the device is CUDA)."""
         super().__init__(model, kv_cache, device, attention, plain_attention)
         self.sizes = capture_sizes(max_graph_tokens)
         bs = kv_cache.block_size
-        self.inputs = StaticInputs(self.sizes[-1], max_seqs, -(-max_model_len // bs), MAX_GRAPH_SPAN, bs, device)
         if use_triton is None:
             use_triton = triton_paged.available() and device.type == "cuda"
+        self.fused_eager = use_triton
+        rows = max(self.sizes[-1], max_step_tokens if use_triton else 0)
+        self.inputs = StaticInputs(rows, max_seqs, -(-max_model_len // bs), MAX_GRAPH_SPAN, bs, device)
         self.static = StaticForward(model, kv_cache.k, kv_cache.v, self.inputs, use_triton)
         self.capture = device.type == "cuda" if capture is None else capture
         self.graphs: dict[int, tuple] = {}  # size -> (CUDAGraph, logits [size, V], hidden [size, hidden])
-        self.counts: Counter = Counter()  # steps by path: "graph", "eager"
+        self.counts: Counter = Counter()  # steps by path: "graph", "fused" (eager, fused kernels), "eager"
         self.capture_s = 0.0
         if self.capture:
             self.capture_all()
@@ -72,12 +79,19 @@ class GraphModelRunner(ModelRunner):
 
     def execute(self, scheduled: list[ScheduledRequest], return_hidden: bool = False) -> StepOutput:
         lay = self.layout(scheduled)
+        T = len(lay.token_ids)
         size = self.graph_size(lay)
         if size is None:
-            self.counts["eager"] += 1
-            return self.run_eager(scheduled, lay, return_hidden)
+            if not (self.fused_eager and self.inputs.fits(lay.q_lens, lay.tables, lay.trees)):
+                self.counts["eager"] += 1
+                return self.run_eager(scheduled, lay, return_hidden)
+            # a prompt chunk (or a mixed step): the fused kernels without a graph, logits for its rows only
+            self.counts["fused"] += 1
+            self.inputs.fill(lay.token_ids, lay.positions, lay.q_lens, lay.kv_lens, lay.tables, lay.trees, T)
+            rows = torch.tensor(lay.logits_rows, dtype=torch.long, device=self.device)
+            out_logits, hidden = self.static(T, rows)
+            return self._output(scheduled, lay, out_logits, hidden if return_hidden else None)
         self.counts["graph"] += 1
-        T = len(lay.token_ids)
         self.inputs.fill(lay.token_ids, lay.positions, lay.q_lens, lay.kv_lens, lay.tables, lay.trees, size)
         if self.capture:
             graph, logits, hidden = self.graphs[size]
@@ -89,7 +103,11 @@ class GraphModelRunner(ModelRunner):
             out_logits = logits[:T].clone()
         else:
             out_logits = logits.index_select(0, torch.tensor(lay.logits_rows, dtype=torch.long, device=self.device))
-        out_hidden = hidden[:T].clone() if return_hidden else None
+        return self._output(scheduled, lay, out_logits, hidden[:T].clone() if return_hidden else None)
+
+    def _output(self, scheduled: list[ScheduledRequest], lay: StepLayout, out_logits: torch.Tensor,
+                out_hidden: Optional[torch.Tensor]) -> StepOutput:
+        T = len(lay.token_ids)
         if out_hidden is not None and self.kv.features is not None:  # beside the KV, for prefix-cache hits
             self.kv.features.index_copy_(0, self.inputs.slots[:T].long(), out_hidden.float())
         return StepOutput(list(scheduled), out_logits, out_hidden, lay.rows)

@@ -385,7 +385,8 @@ def _graph_runner(eager: ModelRunner, config: EngineConfig, max_model_len: int) 
     sc = config.scheduler
     return GraphModelRunner(eager.model, eager.kv, eager.device, eager.attention, eager.plain_attention,
                             max_seqs=sc.max_num_seqs, max_model_len=max_model_len,
-                            max_graph_tokens=min(256, sc.max_num_batched_tokens))
+                            max_graph_tokens=min(256, sc.max_num_batched_tokens),
+                            max_step_tokens=sc.max_num_batched_tokens)
 
 
 def _root(s: ScheduledRequest) -> int:

@@ -97,3 +97,27 @@ def test_bf16_static_step_stays_close_to_eager():
     # bf16 rounding apart (fp32 softmax and rope here, bf16 steps in SDPA): a few hundredths of a logit
     assert (out.logits - ref.logits).abs().max() < 0.25
     assert torch.equal(out.logits.argmax(-1), ref.logits.argmax(-1))
+
+
+@pytest.mark.skipif(not triton_paged.available(), reason="triton not installed (pip install '.[gpu-test]')")
+def test_prompt_chunks_run_the_fused_kernels_without_a_graph():
+    """Past the graphs (a prompt chunk, a mixed step) the fused kernels run eagerly over the buffers,
+    the LM head only over the rows that sample; the KV and logits are the eager runner's."""
+    model = _model()
+    kv, kv_fused = (KVCache(2, 12, 4, 2, 16, torch.float32, CPU) for _ in range(2))
+    a = Request("a", list(range(1, 20)), SamplingParams())
+    b = Request("b", [5, 6, 7], SamplingParams())
+    b.output_token_ids = [9]
+    a.block_table, b.block_table = [0, 1, 2, 3, 4], [5, 6]
+    for cache in (kv, kv_fused):  # b's prompt first, so the mixed step below has a decode in it
+        ModelRunner(model, cache, CPU, attention="pad").execute([ScheduledRequest(b, 0, 3)])
+    step = [ScheduledRequest(b, 3, 1), ScheduledRequest(a, 0, 12, samples=False)]
+    ref = ModelRunner(model, kv, CPU, attention="pad").execute(step)
+    runner = GraphModelRunner(model, kv_fused, CPU, "pad", max_seqs=4, max_model_len=64, max_graph_tokens=8,
+                              max_step_tokens=32, use_triton=True)
+    out = runner.execute(step)
+    assert runner.counts == {"fused": 1}
+    assert out.logits.shape[0] == 1  # b's row only: a's chunk is short of its prompt's end
+    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(kv_fused.k, kv.k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kv_fused.v, kv.v, rtol=1e-5, atol=1e-5)
