@@ -23,6 +23,8 @@ import statistics
 import sys
 import time
 import traceback
+from collections import Counter
+from typing import Optional
 
 import torch
 
@@ -243,6 +245,32 @@ def stage_shape(args, rec) -> None:
 
 
 # --- stage: SmolLM2-135M through LLM ---------------------------------------------------------------------
+def step_timer(llm) -> list:
+    """Wrap the engine's step: each step's seconds (sampling included: it syncs) and the runner's
+    paths it took ("graph", "fused", "eager"). Returns the list the wrapper appends to."""
+    eng, log = llm.engine, []
+    runner, step = eng.runner, eng.step
+
+    def timed():
+        before = dict(getattr(runner, "counts", {}))
+        t0 = time.perf_counter()
+        out = step()
+        dt = time.perf_counter() - t0
+        after = getattr(runner, "counts", {})
+        log.append((dt, tuple(sorted(k for k in after if after[k] != before.get(k, 0)))))
+        return out
+    eng.step = timed
+    return log
+
+
+def decode_step_ms(log: list) -> Optional[float]:
+    """The median engine step of the steps that replayed a graph only (steady decoding), in ms; of
+    all steps for an engine without graphs."""
+    graphed = [dt for dt, kinds in log if kinds == ("graph",)]
+    steps = graphed if graphed else [dt for dt, kinds in log if not kinds]
+    return statistics.median(steps) * 1e3 if steps else None
+
+
 def llm_run(llm, prompts, max_new: int, ignore_eos: bool = True) -> dict:
     params = SamplingParams(temperature=0, max_tokens=max_new, ignore_eos=ignore_eos)
     t0 = time.perf_counter()
@@ -269,8 +297,10 @@ def stage_smollm(args, rec) -> None:
 
     def sweep(tag, llm, bs_list, n1=n_b1):
         llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=8))  # warm-up
+        log = step_timer(llm)
         for b in bs_list:
             with rec.section(f"smollm.{tag}.b{b}"):
+                log.clear()
                 ps = prompts[:n1] if b == 1 else prompts[:b]
                 if b == 1:  # one sequence at a time: the batch-1 latency, over several prompts
                     runs = [llm_run(llm, [p], max_new) for p in ps]
@@ -280,6 +310,8 @@ def stage_smollm(args, rec) -> None:
                     r = llm_run(llm, ps, max_new)
                     rec.put("smollm", f"{tag}_b{b}_tokens_per_s", r["tokens_per_s"])
                 rec.put("smollm", f"{tag}_b{b}_ms", r["ms_per_token"])
+                rec.put("smollm", f"{tag}_b{b}_step_ms", decode_step_ms(log))
+                rec.put("smollm", f"{tag}_b{b}_step_paths", dict(Counter(k for _, ks in log for k in ks)))
                 regular[(tag, b)] = r["tokens"]
 
     def graph_counts(llm):
@@ -301,7 +333,14 @@ def stage_smollm(args, rec) -> None:
         llm = LLM(dtype="bfloat16", cuda_graphs=False, **kw)
         sweep("bf16_eager", llm, [1])
         del llm
-    spec_kw = dict(kw, speculative={"method": "draft", "fallback": args.fallback})
+    spec_kw = dict(kw, speculative={"method": "draft", "fallback": False})
+    with rec.section("smollm.bf16_spec_fallback"):  # the cost model may skip drafting where it does not pay
+        llm = LLM(dtype="bfloat16", **dict(kw, speculative={"method": "draft", "fallback": True}))
+        sweep("bf16_spec_fallback", llm, [1, batches[1]])
+        st = llm.spec_stats()
+        rec.put("smollm", "bf16_spec_fallback_stats", {k: st.get(k) for k in ("alpha", "c", "spec_steps", "drafted", "accepted")})
+        del llm
+        free()
     for dtype in ("bfloat16", "float32"):
         tag = "bf16" if dtype == "bfloat16" else "fp32"
         if dtype == "float32":
@@ -413,7 +452,6 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-len", type=int, default=128, help="the 1.5B shape's random prompt length")
     p.add_argument("--b1-prompts", type=int, default=4, help="prompts timed one by one at batch 1")
     p.add_argument("--compile-batches", default="1", help="batch sizes for HF static cache + torch.compile")
-    p.add_argument("--fallback", action="store_true", help="speculation with the cost-model fallback on")
     args = p.parse_args(argv)
     args.compile_batches = [int(b) for b in args.compile_batches.split(",") if b]
     if args.dry_run:
