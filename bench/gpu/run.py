@@ -355,6 +355,8 @@ def stage_smollm(args, rec) -> None:
             st = llm.spec_stats()
             rec.put("smollm", f"{tag}_spec_stats", {k: st.get(k) for k in ("alpha", "c", "spec_steps", "drafted", "accepted")})
             rec.put("smollm", f"{tag}_spec_steps", graph_counts(llm))
+            chains = getattr(llm.engine.speculator.drafter, "chain_graphs", None)
+            rec.put("smollm", f"{tag}_spec_graphed_drafts", None if chains is None else chains.counts)
             del llm
             free()
         for b in (1, batches[1]):

@@ -89,6 +89,8 @@ class LLMEngine:
                                                  spec_config.fallback, shape=spec_config.shape,
                                                  tree=TreeShape(spec_config.tree_top_k, spec_config.tree_beam,
                                                                 spec_config.tree_max_nodes))
+        if self.speculator is not None and hasattr(self.runner, "graphs"):  # the CUDA-graph runner
+            _graph_drafter(self.speculator.drafter, config, self.max_model_len)
         # Prefix caching skips the prefill of cached blocks; a drafter that reads the target's hidden state
         # at every position (EAGLE) would miss theirs, so the KV keeps them beside every slot.
         self.prefix_caching = cc.enable_prefix_caching
@@ -387,6 +389,14 @@ def _graph_runner(eager: ModelRunner, config: EngineConfig, max_model_len: int) 
                             max_seqs=sc.max_num_seqs, max_model_len=max_model_len,
                             max_graph_tokens=min(256, sc.max_num_batched_tokens),
                             max_step_tokens=sc.max_num_batched_tokens)
+
+
+def _graph_drafter(drafter, config: EngineConfig, max_model_len: int) -> None:
+    """EAGLE's greedy chains as CUDA graphs beside the target's (cuda/eagle_graph.py)."""
+    from ..drafters.eagle import EagleDrafter
+    if isinstance(drafter, EagleDrafter):
+        from ..cuda.eagle_graph import EagleChainGraphs
+        drafter.chain_graphs = EagleChainGraphs(drafter, config.scheduler.max_num_seqs, max_model_len)
 
 
 def _root(s: ScheduledRequest) -> int:

@@ -51,3 +51,27 @@ def test_fused_kernels_keep_greedy_output_under_the_interpreter():
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == ref
     assert runner.counts["graph"] > 0 and runner.counts["fused"] > 0  # the long prompt: fused, no graph
+
+
+@pytest.mark.parametrize("fused", ["torch", "triton"])
+def test_graphed_eagle_chains_draft_what_the_eager_drafter_drafts(fused):
+    """EAGLE's greedy chains through cuda.eagle_graph (its graph bodies, uncaptured; torch ops, or the
+    Triton kernels under the interpreter): the same drafts as the drafter's eager passes, so the same
+    acceptance, and the same output."""
+    from specserve.cuda.eagle_graph import EagleChainGraphs
+    if fused == "triton" and not triton_paged.available():
+        pytest.skip("triton not installed (pip install '.[gpu-test]')")
+
+    params = SamplingParams(temperature=0, max_tokens=16)
+    kw = dict(block_kernels=False, max_model_len=512, prefill_chunk=None, enable_prefix_caching=False,
+              kv_cache_gib=0.05, speculative={"method": "draft", "shape": "chain", "fallback": False})
+    eager = LLM(**kw)
+    ref = [o.outputs[0].token_ids for o in eager.generate(PROMPTS, params)]
+    graphed = LLM(**kw)
+    drafter = graphed.engine.speculator.drafter
+    drafter.chain_graphs = EagleChainGraphs(drafter, 4, 512, capture=False, use_triton=fused == "triton")
+    got = [o.outputs[0].token_ids for o in graphed.generate(PROMPTS, params)]
+    assert got == ref
+    assert drafter.chain_graphs.counts > 0
+    a, b = eager.spec_stats(), graphed.spec_stats()
+    assert (a["drafted"], a["accepted"]) == (b["drafted"], b["accepted"])
