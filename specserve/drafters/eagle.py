@@ -218,6 +218,11 @@ class EagleDrafter(Drafter):
 
     def _forward(self, reqs, feats, tokens, positions, q_lens, kv_lens, span_parents=None) -> torch.Tensor:
         dev = feats.device
+        g = self.chain_graphs
+        if g is not None:  # on CUDA: the fused kernels over static buffers where the pass fits them
+            tables, trees = [self.kv.tables[r.request_id] for r in reqs], span_parents or [None] * len(reqs)
+            if g.rows_fit(q_lens, kv_lens, tables, trees):
+                return g.forward_rows(feats.float().contiguous(), tokens, positions, q_lens, kv_lens, tables, trees)
         ids = torch.tensor(tokens, dtype=torch.long, device=dev)
         embeds = self.target.embed_rows(ids).float()
         meta = self.kv.metadata([r.request_id for r in reqs], q_lens, kv_lens, self.attention, span_parents)

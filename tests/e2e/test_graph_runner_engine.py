@@ -54,17 +54,18 @@ def test_fused_kernels_keep_greedy_output_under_the_interpreter():
 
 
 @pytest.mark.parametrize("fused", ["torch", "triton"])
-def test_graphed_eagle_chains_draft_what_the_eager_drafter_drafts(fused):
-    """EAGLE's greedy chains through cuda.eagle_graph (its graph bodies, uncaptured; torch ops, or the
-    Triton kernels under the interpreter): the same drafts as the drafter's eager passes, so the same
-    acceptance, and the same output."""
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_graphed_eagle_drafts_what_the_eager_drafter_drafts(fused, shape):
+    """EAGLE through cuda.eagle_graph (greedy chains: its graph bodies, uncaptured; every other draft
+    pass, the catch-up and a tree's levels: forward_rows; torch ops, or the Triton kernels under the
+    interpreter): the same drafts as the drafter's eager passes, so the same acceptance and output."""
     from specserve.cuda.eagle_graph import EagleChainGraphs
     if fused == "triton" and not triton_paged.available():
         pytest.skip("triton not installed (pip install '.[gpu-test]')")
 
     params = SamplingParams(temperature=0, max_tokens=16)
     kw = dict(block_kernels=False, max_model_len=512, prefill_chunk=None, enable_prefix_caching=False,
-              kv_cache_gib=0.05, speculative={"method": "draft", "shape": "chain", "fallback": False})
+              kv_cache_gib=0.05, speculative={"method": "draft", "shape": shape, "fallback": False})
     eager = LLM(**kw)
     ref = [o.outputs[0].token_ids for o in eager.generate(PROMPTS, params)]
     graphed = LLM(**kw)
@@ -72,6 +73,6 @@ def test_graphed_eagle_chains_draft_what_the_eager_drafter_drafts(fused):
     drafter.chain_graphs = EagleChainGraphs(drafter, 4, 512, capture=False, use_triton=fused == "triton")
     got = [o.outputs[0].token_ids for o in graphed.generate(PROMPTS, params)]
     assert got == ref
-    assert drafter.chain_graphs.counts > 0
+    assert drafter.chain_graphs.rows_passes > 0 and (drafter.chain_graphs.counts > 0) == (shape == "chain")
     a, b = eager.spec_stats(), graphed.spec_stats()
     assert (a["drafted"], a["accepted"]) == (b["drafted"], b["accepted"])
