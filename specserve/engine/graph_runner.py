@@ -22,6 +22,7 @@ from ..cuda.forward import StaticForward
 from ..cuda.plan import MAX_GRAPH_Q, capture_sizes, padded_size
 from ..kv.cache import KVCache
 from ..scheduler.scheduler import ScheduledRequest
+from ..types import Draft, Request, SamplingParams
 from .runner import ModelRunner, StepLayout, StepOutput
 
 MAX_GRAPH_SPAN = 64  # the longest token tree (rows) a graphed step takes; the tree-mask buffer's width
@@ -70,6 +71,25 @@ class GraphModelRunner(ModelRunner):
             self.graphs[size] = (graph, logits, hidden)
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - t0
+
+    def time_pass(self, table: list[int], n: int, context: int, mode: str = "pad", repeats: int = 1) -> float:
+        """cost_model.time_pass through this runner: seconds of the fastest of `repeats` steps of one
+        span of n rows after `context` tokens (the last n - 1 as a draft: logits at every row, as a
+        verify span), on the graph or the fused path the span would take when serving."""
+        r = Request("calibrate", [0] * (context + 1), SamplingParams(temperature=0))
+        r.block_table = table
+        if n > 1:
+            r.draft = Draft([0] * (n - 1))
+        step = [ScheduledRequest(r, context, n, n - 1)]
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = self.execute(step)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+            del out
+        return best
 
     def graph_size(self, lay: StepLayout) -> Optional[int]:
         """The captured size this step replays, or None (eager): prompt chunks, or past the buffers."""

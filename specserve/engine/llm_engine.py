@@ -106,7 +106,8 @@ class LLMEngine:
         if spec_config is not None:
             if spec_config.fallback:
                 calibrate(self.speculator.costs, self.model, self.kv, self.scheduler.blocks, attention, plain,
-                          config.scheduler.max_num_batched_tokens)
+                          config.scheduler.max_num_batched_tokens,
+                          time_fn=getattr(self.runner, "time_pass", None))
         self.guided = GuidedDecoding(self.tokenizer, config.guided.fast_forward)
         self._ids = itertools.count()
         self._live: dict[str, _Live] = {}

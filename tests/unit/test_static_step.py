@@ -121,3 +121,20 @@ def test_prompt_chunks_run_the_fused_kernels_without_a_graph():
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(kv_fused.k, kv.k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(kv_fused.v, kv.v, rtol=1e-5, atol=1e-5)
+
+
+def test_time_pass_times_a_verify_span_on_the_path_serving_takes():
+    """The cost model's calibration through the graph runner (spec.cost_model.calibrate's time_fn)."""
+    from specserve.kv.block_manager import BlockManager
+    from specserve.spec.cost_model import CostModel, calibrate
+    model = _model()
+    kv = KVCache(2, 12, 4, 2, 16, torch.float32, CPU)
+    runner = GraphModelRunner(model, kv, CPU, "pad", max_seqs=4, max_model_len=64, max_graph_tokens=8,
+                              use_triton=False)
+    assert runner.time_pass([0, 1, 2, 3], 5, 8) > 0
+    assert runner.counts == {"graph": 1}  # 1 + 4 draft rows: a verify span, padded to the graph of 6
+    costs = CostModel()
+    calibrate(costs, model, kv, BlockManager(12, 4), "pad", "pad", 16, context=8, rows=(1, 2, 4, 8, 16),
+              time_fn=runner.time_pass)
+    assert sorted(costs.calibrated) == [1, 2, 4, 8, 16]
+    assert runner.counts["eager"] == 3  # 16 rows, past the graphs: eager (no triton), the best of three
