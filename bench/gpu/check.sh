@@ -7,6 +7,8 @@
 #                               HF eager and HF static cache + torch.compile, greedy agreement
 #   bench/gpu/check.sh smollm   SmolLM2-135M through LLM: bf16/fp32, graphs on/off, EAGLE speculation vs
 #                               regular at batch 1 and 8 (greedy identity per mode), HF peers, fp32 vs HF
+#   bench/gpu/check.sh spec     SmolLM2-135M: speculation (cost-model choice, fixed draft lengths) vs regular
+#   bench/gpu/check.sh stash    keep the GGUF half that came (for a later spec/smollm call on the same machine)
 #   bench/gpu/check.sh dry      both stages with tiny sizes on CPU: checks this script without a GPU
 # Results (JSON + logs) go to $OUT (the device tool's folder) or bench/results/gpu/;
 # bench/gpu/table.py turns them into the markdown table.
@@ -31,7 +33,10 @@ case "${1:-}" in
   shape)  timeout "${STAGE_TIMEOUT:-290}" $PY bench/gpu/run.py shape --out "$OUT_DIR" "${@:2}" 2>&1 | tee "$OUT_DIR/shape.log" ;;
   smollm) timeout "${STAGE_TIMEOUT:-400}" $PY bench/gpu/run.py smollm --out "$OUT_DIR" --compile-batches 1,16 "${@:2}" 2>&1 \
             | tee "$OUT_DIR/smollm.log" ;;
+  stash)  echo "kept: $(ls /tmp/specserve-gpu)" ;;  # carry the first half only
+  spec)   timeout "${STAGE_TIMEOUT:-200}" $PY bench/gpu/run.py smollm --only spec --out "$OUT_DIR" "${@:2}" 2>&1 \
+            | tee "$OUT_DIR/spec.log" ;;
   dry)    OMP_NUM_THREADS=1 $PY bench/gpu/run.py shape --device cpu --dry-run --out "$OUT_DIR" \
             && OMP_NUM_THREADS=1 $PY bench/gpu/run.py smollm --device cpu --dry-run --out "$OUT_DIR" ;;
-  *)      echo "usage: bench/gpu/check.sh shape|smollm|dry [run.py options]"; exit 2 ;;
+  *)      echo "usage: bench/gpu/check.sh shape|smollm|spec|stash|dry [run.py options]"; exit 2 ;;
 esac

@@ -325,6 +325,28 @@ def stage_smollm(args, rec) -> None:
         rec.put("smollm", "bf16_graph_load_s", time.perf_counter() - t0)
         rec.put("smollm", "bf16_capture_s", getattr(llm.engine.runner, "capture_s", None))
         rec.put("smollm", "runner", type(llm.engine.runner).__name__)
+    if args.only == "spec":  # speculation's draft lengths against regular decoding, bf16, same run
+        sweep("bf16_graph", llm, [1, batches[1]])
+        del llm
+        free()
+        variants = [("auto", {"fallback": True})] + [(f"k{k}", {"fallback": False, "policy": "fixed", "draft_len": k})
+                                                    for k in args.spec_lens]
+        for name, opts in variants:
+            tag = f"bf16_spec_{name}"
+            with rec.section(f"smollm.{tag}"):
+                llm = LLM(dtype="bfloat16", **dict(kw, speculative={"method": "draft", **opts}))
+                sweep(tag, llm, [1, batches[1]])
+                st = llm.spec_stats()
+                rec.put("smollm", f"{tag}_stats", {k: st.get(k) for k in ("alpha", "c", "spec_steps", "drafted", "accepted")})
+                del llm
+                free()
+            for b in (1, batches[1]):
+                reg, spec = regular.get(("bf16_graph", b)), regular.get((tag, b))
+                if reg and spec:
+                    rec.put("smollm", f"{tag}_identical_b{b}", f"{sum(a == c for a, c in zip(reg, spec))}/{len(reg)}")
+                    rec.put("smollm", f"{tag}_speedup_b{b}",
+                            rec.get("smollm", f"bf16_graph_b{b}_ms") / rec.get("smollm", f"{tag}_b{b}_ms"))
+        return
     sweep("bf16_graph", llm, batches)
     rec.put("smollm", "bf16_graph_steps", graph_counts(llm))
     eos = llm.tokenizer.eos_token_ids
@@ -453,13 +475,16 @@ def main(argv=None) -> int:
     p.add_argument("--max-new", type=int, default=128, help="new tokens per sequence")
     p.add_argument("--prompt-len", type=int, default=128, help="the 1.5B shape's random prompt length")
     p.add_argument("--b1-prompts", type=int, default=4, help="prompts timed one by one at batch 1")
+    p.add_argument("--only", choices=["spec"], help="smollm: only speculation's variants against regular decoding")
+    p.add_argument("--spec-lens", default="2,3,4", help="with --only spec: fixed draft lengths to run")
     p.add_argument("--compile-batches", default="1", help="batch sizes for HF static cache + torch.compile")
     args = p.parse_args(argv)
     args.compile_batches = [int(b) for b in args.compile_batches.split(",") if b]
+    args.spec_lens = [int(k) for k in args.spec_lens.split(",") if k]
     if args.dry_run:
         args.prompt_len = 12
     os.makedirs(args.out, exist_ok=True)
-    rec = Record(args.out, args.stage, args)
+    rec = Record(args.out, args.stage + (f"-{args.only}" if args.only else ""), args)
     t0 = time.perf_counter()
     (stage_shape if args.stage == "shape" else stage_smollm)(args, rec)
     rec.data["total_s"] = round(time.perf_counter() - t0, 1)
