@@ -1,8 +1,8 @@
 """Greedy EAGLE chain drafting as CUDA graphs: one replay per draft token, one host sync per draft.
 
 Eagerly, each draft token cost a draft pass of ~35 launches plus its metadata, a softmax and a host
-sync to pick the token: on an H200 ~0.85 ms, about what a graphed target step costs, so drafting ate
-what verification saved (bench/results/gpu/, c ~ 0.95). Here the draft token never leaves the GPU:
+sync to pick the token: on an H200 about what a graphed target step costs (c = 0.95 in
+bench/results/gpu run 1), so drafting ate what verification saved. Here the draft token never leaves the GPU:
 per padded batch size two graphs are captured,
   head  f_hat -> the first token (argmax of the draft head over the final norm) and its probability
   step  (token, feature) -> the next feature through the draft layer -> the next token,
@@ -13,7 +13,7 @@ fills the table once, replays head and then step k - 1 times, and reads the hist
 Only greedy chains take this path (sampled drafts need their per-request generators on the host; trees
 pick their beam on the host between levels): the drafter's eager path serves the rest. Every other
 draft pass (the catch-up on the target's new features, a tree's levels) runs the same fused kernels
-without a graph over static buffers (`forward_rows`): ~12 launches instead of ~35. The draft tokens
+without a graph over static buffers (`forward_rows`): ~14 launches instead of ~35. The draft tokens
 are what the eager path would draft up to float rounding of the fused kernels, and never change the
 output: verification decides.
 """
