@@ -73,7 +73,8 @@ class EagleChainGraphs:
         # the catch-up after a prompt feeds the whole prompt: rows up to a prefill step's
         self.rows = StaticInputs(max_rows, max_seqs, self.max_blocks, 64, self.block_size, dev)
         if self.capture:
-            self._capture()
+            with torch.cuda.device(dev):
+                self._capture()
 
     # --- the graph bodies -----------------------------------------------------------------------
     def _pick(self, f: torch.Tensor, n: int, at: torch.Tensor) -> None:

@@ -46,6 +46,10 @@ class GraphModelRunner(ModelRunner):
         rows = max(self.sizes[-1], max_step_tokens if use_triton else 0)
         self.inputs = StaticInputs(rows, max_seqs, -(-max_model_len // bs), MAX_GRAPH_SPAN, bs, device)
         self.static = StaticForward(model, kv_cache.k, kv_cache.v, self.inputs, use_triton)
+        # the graphs' outputs, shared by all of them
+        top = self.sizes[-1]
+        self.out = (torch.empty(top, model.arch.vocab_size, dtype=torch.float32, device=device),
+                    torch.empty(top, model.arch.hidden_size, dtype=model.dtype, device=device))
         self.capture = device.type == "cuda" if capture is None else capture
         self.graphs: dict[int, tuple] = {}  # size -> (CUDAGraph, logits [size, V], hidden [size, hidden])
         self.counts: Counter = Counter()  # steps by path: "graph", "fused" (eager, fused kernels), "eager"
@@ -55,6 +59,10 @@ class GraphModelRunner(ModelRunner):
 
     def capture_all(self) -> None:
         """Capture every size with all-padding inputs (no KV is read or written)."""
+        with torch.cuda.device(self.device):
+            self._capture_all()
+
+    def _capture_all(self) -> None:
         t0 = time.perf_counter()
         self.inputs.clear()
         pool = None
@@ -62,11 +70,11 @@ class GraphModelRunner(ModelRunner):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):  # compiles the kernels, picks cuBLAS's algorithms for this size
-                self.static(size)
+                self.static(size, out=self.out)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                logits, hidden = self.static(size)
+                logits, hidden = self.static(size, out=self.out)
             pool = graph.pool()
             self.graphs[size] = (graph, logits, hidden)
         torch.cuda.synchronize()
@@ -117,7 +125,7 @@ class GraphModelRunner(ModelRunner):
             graph, logits, hidden = self.graphs[size]
             graph.replay()
         else:
-            logits, hidden = self.static(size)
+            logits, hidden = self.static(size, out=self.out)
         # copies: the next replay overwrites the graph's outputs, and drafters keep hidden rows
         if lay.logits_rows == list(range(T)):
             out_logits = logits[:T].clone()

@@ -385,6 +385,8 @@ def _graph_runner(eager: ModelRunner, config: EngineConfig, max_model_len: int) 
         print("cuda_graphs: triton is not installed; every step runs eagerly")
         return eager
     from .graph_runner import GraphModelRunner
+    if eager.device.index is not None:  # graphs capture and replay on the current device's streams
+        torch.cuda.set_device(eager.device)
     sc = config.scheduler
     return GraphModelRunner(eager.model, eager.kv, eager.device, eager.attention, eager.plain_attention,
                             max_seqs=sc.max_num_seqs, max_model_len=max_model_len,
