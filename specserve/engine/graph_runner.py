@@ -48,7 +48,7 @@ class GraphModelRunner(ModelRunner):
         self.static = StaticForward(model, kv_cache.k, kv_cache.v, self.inputs, use_triton)
         # the graphs' outputs, shared by all of them
         top = self.sizes[-1]
-        self.out = (torch.empty(top, model.arch.vocab_size, dtype=torch.float32, device=device),
+        self.out = (torch.empty(top, model.lm_head.dense.shape[0], dtype=torch.float32, device=device),
                     torch.empty(top, model.arch.hidden_size, dtype=model.dtype, device=device))
         self.capture = device.type == "cuda" if capture is None else capture
         self.graphs: dict[int, tuple] = {}  # size -> (CUDAGraph, logits [size, V], hidden [size, hidden])
