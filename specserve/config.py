@@ -13,12 +13,14 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 @dataclass
 class ModelConfig:
     model: Optional[str] = None  # None: the embedded SmolLM2-135M-Instruct GGUF
-    dtype: str = "auto"  # auto: float32 (with GGUF block kernels on CPU: fastest and exact)
+    dtype: str = "auto"  # auto: float32 on CPU (with GGUF block kernels: fastest and exact), bfloat16 on CUDA
     device: str = "cpu"
     # On CPU in float32, GGUF Q4_0/Q4_1/Q8_0 weights stay in their blocks and run through the block
     # kernels for small batches; False forces dense fp32 everywhere (same results, slower).
     block_kernels: bool = True
     num_threads: Optional[int] = None  # pinned CPU threads; None: all cores, governed by load (engine/threads.py)
+    # On CUDA, decode and verify steps replay CUDA graphs (engine/graph_runner.py); False: every step eager.
+    cuda_graphs: bool = True
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -27,9 +29,15 @@ class ModelConfig:
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
         if self.num_threads is not None:
             _check_int("num_threads", self.num_threads, 1)
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
 
     def resolved_dtype(self) -> str:
-        return "float32" if self.dtype == "auto" else self.dtype
+        """auto: bfloat16 on CUDA (GGUF weights dequantised at load; half the bytes a step reads),
+        float32 on CPU; float32 stays the option for parity runs on CUDA."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.device.startswith("cuda") else "float32"
 
 
 @dataclass

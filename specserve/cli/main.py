@@ -49,6 +49,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "a number, or none (whole prompts)")
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
                    help="compute every prompt in full (default: reuse the KV blocks of a prefix computed before)")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="on CUDA, run every step eagerly (default: decode and verify steps replay CUDA graphs)")
 
 
 def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
@@ -320,7 +322,8 @@ def cmd_generate(args) -> int:
                             best_of=args.best_of, best_of_deadline_s=args.best_of_deadline_s, **guided_from_args(args))
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
               kv_cache_gib=args.kv_cache_gib, speculative=spec_from_args(args), guided_fast_forward=args.fast_forward,
-              enable_prefix_caching=args.enable_prefix_caching, prefill_chunk=args.prefill_chunk)
+              enable_prefix_caching=args.enable_prefix_caching, prefill_chunk=args.prefill_chunk,
+              cuda_graphs=args.cuda_graphs)
     pieces: dict[int, list[str]] = {}
 
     def on_text(_, sample, delta, finished):
@@ -403,7 +406,7 @@ def _run(args) -> int:
         return cmd_serve(args, dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
                                     kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs,
                                     speculative=spec_from_args(args), enable_prefix_caching=args.enable_prefix_caching,
-                                    prefill_chunk=args.prefill_chunk))
+                                    prefill_chunk=args.prefill_chunk, cuda_graphs=args.cuda_graphs))
     if args.command == "plan":
         from .plan import cmd_plan
         return cmd_plan(args)

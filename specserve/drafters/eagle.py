@@ -30,6 +30,8 @@ from .tree import TokenTree, rerank_indices
 class EagleDrafter(Drafter):
     wants_hidden_states = True
     makes_trees = True
+    # cuda.eagle_graph.EagleChainGraphs, attached by the engine on CUDA: greedy chains drafted as graphs
+    chain_graphs = None
 
     def __init__(self, net: EagleNet, target, num_blocks: int, block_size: int, attention: str = "split",
                  prefix_features=None):
@@ -110,6 +112,18 @@ class EagleDrafter(Drafter):
             passes = max(max(d.depths(), default=0) for d in drafts.values())
             return Proposal([drafts[r.request_id] for r in requests], passes,
                             len(live) * min(tree.beam, tree.top_k), sum(q_lens))
+        if self.chain_graphs is not None and all(r.params.greedy for r in live) and self.chain_graphs.fits(live, max_len):
+            tokens, conf = self.chain_graphs.draft(live, f_hat, max_len)
+            for r, toks, cs in zip(live, tokens, conf):
+                keep, cum = len(toks), 1.0  # autoregressive_drafts' stop: after the token that falls below
+                for j, c in enumerate(cs):
+                    cum *= c
+                    if min_confidence is not None and cum < min_confidence:
+                        keep = j + 1
+                        break
+                drafts[r.request_id] = Draft(toks[:keep], None, cs[:keep])
+            return Proposal([drafts[r.request_id] for r in requests], max(len(drafts[r.request_id].tokens) for r in live),
+                            len(live), sum(q_lens))
         state = {"f_hat": f_hat}
 
         def advance(rows, tokens, reqs, j):
@@ -204,6 +218,11 @@ class EagleDrafter(Drafter):
 
     def _forward(self, reqs, feats, tokens, positions, q_lens, kv_lens, span_parents=None) -> torch.Tensor:
         dev = feats.device
+        g = self.chain_graphs
+        if g is not None:  # on CUDA: the fused kernels over static buffers where the pass fits them
+            tables, trees = [self.kv.tables[r.request_id] for r in reqs], span_parents or [None] * len(reqs)
+            if g.rows_fit(q_lens, kv_lens, tables, trees):
+                return g.forward_rows(feats.float().contiguous(), tokens, positions, q_lens, kv_lens, tables, trees)
         ids = torch.tensor(tokens, dtype=torch.long, device=dev)
         embeds = self.target.embed_rows(ids).float()
         meta = self.kv.metadata([r.request_id for r in reqs], q_lens, kv_lens, self.attention, span_parents)

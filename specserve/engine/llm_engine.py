@@ -78,6 +78,8 @@ class LLMEngine:
         # before; 0.97x after, bench/results/spec-cpu-20261124-072437.md)
         plain = SpeculativeConfig().resolved_attention(mc.device)
         self.runner = ModelRunner(self.model, self.kv, self.device, attention=attention, plain_attention=plain)
+        if self.device.type == "cuda" and mc.cuda_graphs:
+            self.runner = _graph_runner(self.runner, config, self.max_model_len)
         self.speculator: Optional[SpeculativeDecoder] = None
         if spec_config is not None:
             ctx = DrafterContext(self.model, self.tokenizer, self.model_path, num_blocks, cc.block_size, attention,
@@ -87,6 +89,8 @@ class LLMEngine:
                                                  spec_config.fallback, shape=spec_config.shape,
                                                  tree=TreeShape(spec_config.tree_top_k, spec_config.tree_beam,
                                                                 spec_config.tree_max_nodes))
+        if self.speculator is not None and hasattr(self.runner, "graphs"):  # the CUDA-graph runner
+            _graph_drafter(self.speculator.drafter, config, self.max_model_len)
         # Prefix caching skips the prefill of cached blocks; a drafter that reads the target's hidden state
         # at every position (EAGLE) would miss theirs, so the KV keeps them beside every slot.
         self.prefix_caching = cc.enable_prefix_caching
@@ -102,7 +106,8 @@ class LLMEngine:
         if spec_config is not None:
             if spec_config.fallback:
                 calibrate(self.speculator.costs, self.model, self.kv, self.scheduler.blocks, attention, plain,
-                          config.scheduler.max_num_batched_tokens)
+                          config.scheduler.max_num_batched_tokens,
+                          time_fn=getattr(self.runner, "time_pass", None))
         self.guided = GuidedDecoding(self.tokenizer, config.guided.fast_forward)
         self._ids = itertools.count()
         self._live: dict[str, _Live] = {}
@@ -371,6 +376,30 @@ class LLMEngine:
                 self.speculator.release(r)
             self._live.pop(r.request_id, None)
         return delta
+
+
+def _graph_runner(eager: ModelRunner, config: EngineConfig, max_model_len: int) -> ModelRunner:
+    """The CUDA-graph runner for decode and verify steps, or the eager one where Triton is missing."""
+    from ..attention import triton_paged
+    if not triton_paged.available():
+        print("cuda_graphs: triton is not installed; every step runs eagerly")
+        return eager
+    from .graph_runner import GraphModelRunner
+    if eager.device.index is not None:  # graphs capture and replay on the current device's streams
+        torch.cuda.set_device(eager.device)
+    sc = config.scheduler
+    return GraphModelRunner(eager.model, eager.kv, eager.device, eager.attention, eager.plain_attention,
+                            max_seqs=sc.max_num_seqs, max_model_len=max_model_len,
+                            max_graph_tokens=min(256, sc.max_num_batched_tokens),
+                            max_step_tokens=sc.max_num_batched_tokens)
+
+
+def _graph_drafter(drafter, config: EngineConfig, max_model_len: int) -> None:
+    """EAGLE's greedy chains as CUDA graphs beside the target's (cuda/eagle_graph.py)."""
+    from ..drafters.eagle import EagleDrafter
+    if isinstance(drafter, EagleDrafter):
+        from ..cuda.eagle_graph import EagleChainGraphs
+        drafter.chain_graphs = EagleChainGraphs(drafter, config.scheduler.max_num_seqs, max_model_len)
 
 
 def _root(s: ScheduledRequest) -> int:

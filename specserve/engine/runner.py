@@ -33,6 +33,20 @@ class StepOutput:
         return iter(zip(self.scheduled, self.rows))
 
 
+@dataclass
+class StepLayout:
+    """A step as flat lists: what the eager forward and the static (graph) buffers are built from."""
+
+    token_ids: list[int]  # [T]
+    positions: list[int]  # [T]
+    q_lens: list[int]  # per scheduled request
+    kv_lens: list[int]
+    tables: list[list[int]]
+    trees: list  # per request: its span's tree rows' parents, or None (a causal span)
+    logits_rows: list[int]  # [S] rows of [T] that go through the LM head
+    rows: list[RequestRows]
+
+
 class ModelRunner:
     def __init__(self, model, kv_cache: KVCache, device: torch.device, attention: str = "split",
                  plain_attention: Optional[str] = None):
@@ -45,6 +59,9 @@ class ModelRunner:
         self.plain_attention = plain_attention or attention
 
     def execute(self, scheduled: list[ScheduledRequest], return_hidden: bool = False) -> StepOutput:
+        return self.run_eager(scheduled, self.layout(scheduled), return_hidden)
+
+    def layout(self, scheduled: list[ScheduledRequest]) -> "StepLayout":
         """The one place the row layout is decided: tokens in the order of `scheduled` (each request's
         known tokens, then its draft tokens), logits rows for every request whose step samples."""
         token_ids, positions, q_lens, kv_lens, tables, logits_rows, rows = [], [], [], [], [], [], []
@@ -81,6 +98,12 @@ class ModelRunner:
                 logits = slice(first, len(logits_rows))
             rows.append(RequestRows(slice(offset, offset + n), logits))
             offset += n
+        return StepLayout(token_ids, positions, q_lens, kv_lens, tables, trees, logits_rows, rows)
+
+    def run_eager(self, scheduled: list[ScheduledRequest], lay: "StepLayout", return_hidden: bool) -> StepOutput:
+        """The model's own forward over the step's flat ragged batch."""
+        token_ids, positions, q_lens, kv_lens = lay.token_ids, lay.positions, lay.q_lens, lay.kv_lens
+        tables, trees, logits_rows, rows = lay.tables, lay.trees, lay.logits_rows, lay.rows
         dev = self.device
         mode = self.attention if any(s.num_draft_tokens for s in scheduled) else self.plain_attention
         meta = AttentionMetadata.build(q_lens, kv_lens, tables, self.kv.block_size, dev, mode=mode,

