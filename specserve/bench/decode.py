@@ -102,7 +102,10 @@ def run_decode_bench(args) -> dict:
     if "llama.cpp" in systems and not peers.llama_cpp_available():
         print("llama.cpp: llama-cpp-python is not installed (make llamacpp); skipped")
         systems.remove("llama.cpp")
-    jobs = [(s, b) for s in systems for b in batch_sizes if not (s == "llama.cpp" and b > 1)]
+    peer_batches = {int(b) for b in args.peer_batch_sizes.split(",")}
+    batches_of = {s: [b for b in batch_sizes if s == "specserve" or (b in peer_batches and (s != "llama.cpp" or b == 1))]
+                  for s in systems}
+    jobs = [(s, b) for s in systems for b in batches_of[s]]
     results: dict = {s: {} for s in systems}
     greedy_ids: dict = {}
     bar = tqdm(total=sum(len(ids) if b == 1 else 1 for _, b in jobs), desc="bench decode", unit="run")
@@ -132,7 +135,7 @@ def run_decode_bench(args) -> dict:
             results[system][1] = _median_runs(runs)
             llama_process = {k: runs[0][k] for k in ("load_s", "peak_rss_mb") if k in runs[0]}
             continue
-        for b in batch_sizes:
+        for b in batches_of[system]:
             bar.set_postfix_str(f"{system} batch {b}")
             runs = []
             for prompt_ids in (ids if b == 1 else ids[:1]):

@@ -185,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-tokens", type=positive_int, default=128)
     d.add_argument("--batch-sizes", default="1,2,4,8")
     d.add_argument("--peers", default="hf-fp32,hf-bf16,llama.cpp", help="comma list; missing ones are skipped")
+    d.add_argument("--peer-batch-sizes", default="1,8",
+                   help="the batch sizes HF runs at (of --batch-sizes; HF fp32 of a 1.5B model takes minutes a run)")
     d.add_argument("--out", default="bench/results")
     add_model_args(d)
 
