@@ -58,7 +58,8 @@ def choice_grammar(choices) -> str:
 def lark_grammar(text: str) -> str:
     """A Lark grammar, or GBNF (llama.cpp's format, recognised by its "::=")."""
     import llguidance
-    return llguidance.LLMatcher.grammar_from_lark(llguidance.gbnf_to_lark(text) if "::=" in text else text)
+    from llguidance.gbnf_to_lark import gbnf_to_lark  # a module of that name since 1.9: import the function
+    return llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(text) if "::=" in text else text)
 
 
 def _one_line(e) -> str:

