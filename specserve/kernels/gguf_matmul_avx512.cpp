@@ -67,9 +67,10 @@ __attribute__((always_inline)) inline void decode32(const uint8_t* b, __m512 w[2
       w[0] = _mm512_fmadd_ps(w[0], d, m);
       w[1] = _mm512_fmadd_ps(w[1], d, m);
     } else {
-      const __m512 off = _mm512_set1_ps(five ? -16.0f : -8.0f);  // d (q - 16): q - 16 exact, one rounding-free product
-      w[0] = _mm512_mul_ps(_mm512_add_ps(w[0], off), d);
-      w[1] = _mm512_mul_ps(_mm512_add_ps(w[1], off), d);
+      // d (q - 16) = q d - 16 d: both terms exact and so is their difference (a small integer times d)
+      const __m512 off = _mm512_mul_ps(d, _mm512_set1_ps(five ? -16.0f : -8.0f));
+      w[0] = _mm512_fmadd_ps(w[0], d, off);
+      w[1] = _mm512_fmadd_ps(w[1], d, off);
     }
   }
 }
@@ -118,7 +119,6 @@ __attribute__((always_inline)) inline void block(const uint8_t* b, int64_t e0, S
     // Two halves of 128; chunk c of a half: ql bytes 32 (c & 1).., nibble c >> 1, qh bits 2c, 2c+1.
     const float d = fp16(b + 208);
     const __m256i low4 = _mm256_set1_epi8(0x0F), low2 = _mm256_set1_epi8(0x03);
-    const __m512 off = _mm512_set1_ps(-32.0f);
     for (int h = 0; h < 2; ++h) {
       const uint8_t* ql = b + 64 * h;
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
@@ -128,9 +128,11 @@ __attribute__((always_inline)) inline void block(const uint8_t* b, int64_t e0, S
         const __m256i lo = _mm256_and_si256(c >> 1 ? _mm256_srli_epi16(l, 4) : l, low4);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), low2);
         u8_to_ps(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), w);
-        // (d sc) (q - 32): d sc exact, then an exact product, as the reference
-        w[0] = _mm512_mul_ps(_mm512_add_ps(w[0], off), _mm512_set1_ps(d * sc[2 * c]));
-        w[1] = _mm512_mul_ps(_mm512_add_ps(w[1], off), _mm512_set1_ps(d * sc[2 * c + 1]));
+        // (d sc) (q - 32) = q (d sc) - 32 (d sc): d sc exact, both terms exact, and so is the
+        // difference (at most 23 significant bits), as the reference's product
+        const float s0 = d * sc[2 * c], s1 = d * sc[2 * c + 1];
+        w[0] = _mm512_fmadd_ps(w[0], _mm512_set1_ps(s0), _mm512_set1_ps(-32.0f * s0));
+        w[1] = _mm512_fmadd_ps(w[1], _mm512_set1_ps(s1), _mm512_set1_ps(-32.0f * s1));
         sink(w, e0 + 128 * h + 32 * c);
       }
     }
