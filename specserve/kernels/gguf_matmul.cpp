@@ -9,8 +9,8 @@
 // rows beside it: a verify pass over 1 + k tokens gives the bits of k + 1 one-token steps, and a
 // prompt pass of any length the bits its tokens would get one at a time.
 //
-// This file holds the AVX2 build (each block decoded once per row tile into a small buffer, then 8-lane
-// FMAs per row) and the entry points; gguf_matmul_avx512.cpp decodes in registers where the CPU has
+// This file holds the AVX2 build (each chunk of 32 weights decoded in four 8-lane registers, then
+// four FMAs and an add per row) and the entry points; gguf_matmul_avx512.cpp decodes in registers where the CPU has
 // AVX-512. Threads split the output columns.
 #include "ops.h"
 #include "gguf_blocks.h"
@@ -22,27 +22,108 @@ namespace {
 constexpr int MAX_TILE_ROWS = 8;  // R accumulators + 4 weight vectors + a partial product: 13 registers
 constexpr int64_t GROUP = 16;     // output columns whose weights stay in cache while every row tile reads them
 
+// 32 bytes -> four 8-lane float vectors (elements 0..7, 8..15, 16..23, 24..31), unsigned or signed.
+template <bool SIGNED>
+inline void bytes_to_ps(__m256i v, __m256 w[4]) {
+  const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+  const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int i = 0; i < 4; ++i)
+    w[i] = _mm256_cvtepi32_ps(SIGNED ? _mm256_cvtepi8_epi32(part[i]) : _mm256_cvtepu8_epi32(part[i]));
+}
+
+// Bit j of the 32 bits -> byte j all ones (llama.cpp's bytes_from_bits_32): Q5's fifth bits.
+inline __m256i bits_to_bytes(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
+}
+
+inline void scale(__m256 w[4], __m256 d, __m256 m) {
+  for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(w[i], d, m);
+}
+
+// One block decoded in registers to the reference's exact values (see gguf_matmul_avx512.cpp for why
+// each FMA is exact), a chunk of 32 at a time: sink(w[4], offset of the chunk in the block).
+template <int T, class Sink>
+inline void decode_chunks(const uint8_t* b, Sink&& sink) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 w[4];
+  if constexpr (T == Q4_K) {
+    uint32_t u[4];
+    std::memcpy(u, b + 4, 12);
+    constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+    const uint32_t mins_lo = u[1] & kmask1;
+    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+    u[2] = mins_lo;
+    u[0] &= kmask1;
+    const uint8_t* sc = reinterpret_cast<const uint8_t*>(u);  // 8 scales, then 8 mins
+    const float d = fp16(b), dmin = fp16(b + 2);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * j));
+      for (int h = 0; h < 2; ++h) {
+        bytes_to_ps<false>(_mm256_and_si256(h ? _mm256_srli_epi16(v, 4) : v, low4), w);
+        scale(w, _mm256_set1_ps(d * sc[2 * j + h]), _mm256_set1_ps(-(dmin * sc[8 + 2 * j + h])));
+        sink(w, 64 * j + 32 * h);
+      }
+    }
+  } else if constexpr (T == Q6_K) {
+    const float d = fp16(b + 208);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h;
+      for (int c = 0; c < 4; ++c) {
+        const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (c & 1)));
+        const __m256i lo = _mm256_and_si256(c >> 1 ? _mm256_srli_epi16(l, 4) : l, low4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), _mm256_set1_epi8(0x03));
+        bytes_to_ps<false>(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), w);
+        const float s0 = d * sc[2 * c], s1 = d * sc[2 * c + 1];
+        for (int i = 0; i < 4; ++i) {
+          const float si = i < 2 ? s0 : s1;
+          w[i] = _mm256_fmadd_ps(w[i], _mm256_set1_ps(si), _mm256_set1_ps(-32.0f * si));
+        }
+        sink(w, 128 * h + 32 * c);
+      }
+    }
+  } else if constexpr (T == Q8_0) {
+    bytes_to_ps<true>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), w);
+    const __m256 d = _mm256_set1_ps(fp16(b));
+    for (int i = 0; i < 4; ++i) w[i] = _mm256_mul_ps(w[i], d);
+    sink(w, 0);
+  } else {  // Q4_0 / Q4_1 / Q5_0 / Q5_1
+    constexpr bool five = T == Q5_0 || T == Q5_1, has_min = T == Q4_1 || T == Q5_1;
+    const uint8_t* qs = b + (has_min ? 4 : 2) + (five ? 4 : 0);
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), low4);
+    if constexpr (five) {
+      uint32_t qh;
+      std::memcpy(&qh, b + (has_min ? 4 : 2), 4);
+      q = _mm256_or_si256(q, _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+    }
+    bytes_to_ps<false>(q, w);
+    const __m256 d = _mm256_set1_ps(fp16(b));
+    scale(w, d, has_min ? _mm256_set1_ps(fp16(b + 2)) : _mm256_mul_ps(d, _mm256_set1_ps(five ? -16.0f : -8.0f)));
+    sink(w, 0);
+  }
+}
+
 template <int R, int T>
 void column(const Segment& s, int64_t col, const float* x, int64_t K, float* y, int64_t N, int64_t r0) {
   const int elems = block_elems(T), bytes = block_bytes(T);
   const uint8_t* row = s.data + col * s.row_bytes;
-  alignas(32) float w[256];
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < K / elems; ++b) {
-    decode_block_t<T>(row + b * bytes, w);
-    for (int c = 0; c < elems; c += 32) {
-      const __m256 w0 = _mm256_load_ps(w + c), w1 = _mm256_load_ps(w + c + 8);
-      const __m256 w2 = _mm256_load_ps(w + c + 16), w3 = _mm256_load_ps(w + c + 24);
+    decode_chunks<T>(row + b * bytes, [&](const __m256 w[4], int c) {
       for (int r = 0; r < R; ++r) {
         const float* xb = x + (r0 + r) * K + b * elems + c;
-        __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(xb));
-        t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), t);
-        t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), t);
-        t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), t);
+        __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
+        t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), t);
+        t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), t);
+        t = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), t);
         acc[r] = _mm256_add_ps(acc[r], t);
       }
-    }
+    });
   }
   for (int r = 0; r < R; ++r) y[(r0 + r) * N + s.first + col] = hsum(acc[r]);
 }
