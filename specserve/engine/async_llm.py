@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional, Union
 
+from ..registry import MODELS
 from ..types import Request, SamplingParams, StreamDelta
 from .llm import LLM
 from .nbest import pick
@@ -81,7 +82,11 @@ class AsyncLLM:
         self.tokenizer = self._llm.tokenizer
         self.config = self._llm.config
         self.max_model_len = self.engine.max_model_len
-        self.model_name = os.path.splitext(os.path.basename(os.path.normpath(self.engine.model_path)))[0]
+        # A known model is served under the name it was asked for (as vLLM serves --model's argument);
+        # a file or directory under its base name.
+        asked = self.config.model.model
+        self.model_name = asked if asked in MODELS and not os.path.exists(asked) else \
+            os.path.splitext(os.path.basename(os.path.normpath(self.engine.model_path)))[0]
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", key, ids, params, stream) | ("abort", key)
         self._wake = threading.Event()
         self._keys = itertools.count()

@@ -66,3 +66,15 @@ def test_greedy_matches_hf(pair):
         assert {ours[i], ref[i]} == set(top2.indices.tolist()) and gap <= NEAR_TIE, (
             f"{name}: first divergence at new token {i}: ours {ours[i]}, HF {ref[i]}; HF's logits "
             f"{top2.indices.tolist()} = {top2.values.tolist()} (gap {gap:.2e}, not an fp32 near-tie)")
+
+
+def test_a_known_model_is_served_under_the_name_asked_for():
+    """As vLLM serves `--model`'s argument: clients send model="qwen2.5-coder-0.5b", not the file's name."""
+    from specserve.engine.async_llm import AsyncLLM
+    path = pulled("qwen2.5-coder-0.5b")
+    for model, served in (("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b"), (path, "qwen2.5-coder-0.5b-instruct-q4_k_m")):
+        llm = AsyncLLM(model, kv_cache_gib=0.05, prefill_chunk=None)
+        try:
+            assert llm.model_name == served
+        finally:
+            llm.shutdown()
