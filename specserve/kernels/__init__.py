@@ -216,7 +216,8 @@ class GgufWeight:
         with warnings.catch_warnings():  # read-only views of the file: the kernels never write them
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             self.raws = [torch.from_numpy(w.raw) for w in weights]  # [N_i, bytes per row] u8 each
-        self.types = torch.tensor([GGML_TYPE_IDS[t] for t in self.type_names], dtype=torch.int64)
+        self.type_ids = [GGML_TYPE_IDS[t] for t in self.type_names]
+        self.types = torch.tensor(self.type_ids, dtype=torch.int64)  # as the fused layer's parts carry them
         self.packed = None  # no AMX copy: every pass runs on the AVX builds (so no row limit either)
 
     @staticmethod
@@ -229,17 +230,17 @@ class GgufWeight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] float32 -> [M, N] float32, every row summed in one fixed order whatever M."""
-        return _ext.gguf_linear(x.contiguous(), self.raws, self.types.tolist())
+        return _ext.gguf_linear(x.contiguous(), self.raws, self.type_ids)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantised rows [len(ids), K] of a one-segment weight (an embedding lookup)."""
         assert len(self.raws) == 1, "row lookups are for a single table"
-        return _ext.gguf_dequantize_rows(self.raws[0], int(self.types[0]), ids.to(torch.int64), self.shape[1])
+        return _ext.gguf_dequantize_rows(self.raws[0], self.type_ids[0], ids.to(torch.int64), self.shape[1])
 
     def dequantize(self) -> torch.Tensor:
         """The dense [N, K] float32 weight (bit-identical to the GGUF dequantisation)."""
-        return torch.cat([_ext.gguf_dequantize_rows(r, int(t), torch.arange(r.shape[0]), self.shape[1])
-                          for r, t in zip(self.raws, self.types.tolist())])
+        return torch.cat([_ext.gguf_dequantize_rows(r, t, torch.arange(r.shape[0]), self.shape[1])
+                          for r, t in zip(self.raws, self.type_ids)])
 
     def select_rows(self, ids: torch.Tensor) -> "GgufWeight":
         """A GgufWeight of some rows only (a reduced-vocabulary head cut from a one-segment head: a copy

@@ -57,6 +57,18 @@ inline void k4_scale_min(int j, const uint8_t* q, int* sc, int* mn) {
   }
 }
 
+// All 8 (scale, min) pairs of a Q4_K block at once (llama.cpp's utmp shuffle, the kernels' way):
+// bytes 0..7 of u are the 8 scales, bytes 8..15 the 8 mins, as k4_scale_min gives them one by one.
+inline void k4_scales_mins(const uint8_t* q, uint32_t u[4]) {
+  std::memcpy(u, q, 12);
+  constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+  u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+  const uint32_t mins_lo = u[1] & kmask1;
+  u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+  u[2] = mins_lo;
+  u[0] &= kmask1;
+}
+
 // One block -> its block_elems(T) fp32 values (the reference decoder; the AVX-512 build decodes
 // the same values in registers). A template, so that each type's loops vectorise.
 template <int t>

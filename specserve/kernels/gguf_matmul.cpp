@@ -50,13 +50,7 @@ inline void decode_chunks(const uint8_t* b, Sink&& sink) {
   __m256 w[4];
   if constexpr (T == Q4_K) {
     uint32_t u[4];
-    std::memcpy(u, b + 4, 12);
-    constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-    const uint32_t mins_lo = u[1] & kmask1;
-    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-    u[2] = mins_lo;
-    u[0] &= kmask1;
+    k4_scales_mins(b + 4, u);
     const uint8_t* sc = reinterpret_cast<const uint8_t*>(u);  // 8 scales, then 8 mins
     const float d = fp16(b), dmin = fp16(b + 2);
     for (int j = 0; j < 4; ++j) {

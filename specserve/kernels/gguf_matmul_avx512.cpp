@@ -82,16 +82,9 @@ __attribute__((always_inline)) inline void block(const uint8_t* b, int64_t e0, S
   __m512 w[2];
   if constexpr (T == Q4_K) {
     // 8 sub-blocks of 32; bytes 32j..32j+31 of qs hold sub-block 2j (low nibbles) and 2j+1 (high).
-    // The 12 bytes of 6-bit scales and mins are unpacked once per block (llama.cpp's utmp shuffle):
-    // bytes 0..7 of u are the 8 scales, 8..15 the 8 mins.
+    // The 12 bytes of 6-bit scales and mins are unpacked once per block.
     uint32_t u[4];
-    std::memcpy(u, b + 4, 12);
-    constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
-    const uint32_t mins_lo = u[1] & kmask1;
-    u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
-    u[2] = mins_lo;
-    u[0] &= kmask1;
+    k4_scales_mins(b + 4, u);
     const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
     alignas(64) float ds[8], ms[8];
     _mm256_store_ps(ds, _mm256_mul_ps(_mm256_set1_ps(fp16(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm))));

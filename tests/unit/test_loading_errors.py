@@ -8,25 +8,35 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from specserve.loading import load_model_files
 
 
-def write_gguf(path, arch="llama", qtype=None):
+def writer(path, arch="llama", embedding_length=32, block_count=1) -> GGUFWriter:
+    """A GGUF writer with a tiny model's header (hidden 32, FFN 64, 4 heads, a 2-token vocabulary)."""
     w = GGUFWriter(str(path), arch)
-    w.add_block_count(1)
-    w.add_embedding_length(32)
+    w.add_block_count(block_count)
+    w.add_embedding_length(embedding_length)
     w.add_feed_forward_length(64)
     w.add_head_count(4)
     w.add_context_length(64)
     w.add_tokenizer_model("gpt2")
     w.add_token_list(["a", "b"])
     w.add_token_merges([])
+    return w
+
+
+def finish(w: GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_gguf(path, arch="llama", qtype=None):
+    w = writer(path, arch)
     if qtype is None:
         w.add_tensor("token_embd.weight", np.zeros((2, 32), np.float32))
     else:  # raw bytes of one 256-element block of the given type
         w.add_tensor("token_embd.weight", np.zeros((1, 176 if qtype == GGMLQuantizationType.Q5_K else 144), np.uint8),
                      raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 def test_missing_path():
@@ -106,15 +116,7 @@ def test_broken_hf_directories_give_one_line_errors(tmp_path, case, match):
 
 def write_model_gguf(path, embedding_length=32, block_count=1, q_shape=(32, 32)):
     """A whole one-layer llama GGUF (F32 tensors), its header and tensors editable to disagree."""
-    w = GGUFWriter(str(path), "llama")
-    w.add_block_count(block_count)
-    w.add_embedding_length(embedding_length)
-    w.add_feed_forward_length(64)
-    w.add_head_count(4)
-    w.add_context_length(64)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(["a", "b"])
-    w.add_token_merges([])
+    w = writer(path, embedding_length=embedding_length, block_count=block_count)
     z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
     w.add_tensor("token_embd.weight", z(2, 32))
     w.add_tensor("output_norm.weight", z(32))
@@ -123,10 +125,7 @@ def write_model_gguf(path, embedding_length=32, block_count=1, q_shape=(32, 32))
               "attn_output": (32, 32), "ffn_gate": (64, 32), "ffn_up": (64, 32), "ffn_down": (32, 64)}
     for name, shape in shapes.items():
         w.add_tensor(f"blk.0.{name}.weight", z(*shape))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
 
 
 def test_a_whole_tiny_model_loads(tmp_path):
