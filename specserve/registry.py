@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 
 def resolve(target: str) -> Any:
@@ -108,6 +108,10 @@ class Architecture:
     attention_bias: bool = False  # q/k/v projections carry a bias
     # llama.cpp's converter interleaves the two rotary halves of q/k rows for these (not for qwen2)
     gguf_permuted_qk: bool = True
+    extra_layer_weights: tuple = ()  # canonical per-layer names beyond the Llama layer's
+    # What GGUF headers leave to the loader (llama.cpp's llama-model.cpp hard-codes them too):
+    global_every: int = 0  # every n-th layer attends globally, the others in a sliding window
+    rope_local_theta: Optional[float] = None  # RoPE base of the sliding-window layers
 
 
 ARCHITECTURES = Registry("architecture")
@@ -115,6 +119,10 @@ ARCHITECTURES.register("llama", Architecture("specserve.models.llama:LlamaModel"
 ARCHITECTURES.register("mistral", Architecture("specserve.models.llama:LlamaModel", "MistralForCausalLM"))
 ARCHITECTURES.register("qwen2", Architecture("specserve.models.llama:LlamaModel", "Qwen2ForCausalLM",
                                              attention_bias=True, gguf_permuted_qk=False))
+# GGUF files only (a Hugging Face directory's Gemma norms are stored as w, GGUF's as 1 + w).
+ARCHITECTURES.register("gemma3", Architecture("specserve.models.gemma3:Gemma3Model", "", gguf_permuted_qk=False,
+                                              extra_layer_weights=("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"),
+                                              global_every=6, rope_local_theta=10_000.0))
 
 
 def architecture_for_hf_class(hf_class: str) -> Union[str, None]:

@@ -9,6 +9,9 @@ written into their slots first. Two ways to serve a ragged batch (BASS, Qian et 
   * PAD (mode "pad"): every sequence's keys are gathered into one padded [B, Lmax] batch (queries
     padded to the longest span) and a single SDPA call serves the whole batch, padding masked out.
 Prefill-sized spans always take the padded path (one big batched product beats per-sequence calls).
+A sliding-window layer (`window` > 0: Gemma 3's local layers) lets the query at position p see keys
+p - window + 1 .. p only, on every path; its blocks before the window are still held (the global
+layers of the same sequence read them).
 A sequence's last rows may be a token tree (`span_parents`): each of its queries then attends to the
 context before the tree and to its own ancestors in the tree only, not to its siblings' branches (tree
 attention, SpecInfer / EAGLE-2), in the C++ kernel (a mask row per query) and in the SDPA paths (an
@@ -45,7 +48,7 @@ class AttentionMetadata:
     # per sequence None (a causal span) or a tree over its last L >= q_len KV rows (the queries are the
     # last q_len of them): each tree row's parent row, -1 for a row under the context directly
     span_parents: Optional[list[Optional[list[int]]]] = None
-    _sdpa: Optional[tuple] = field(default=None, repr=False)
+    _sdpa: dict = field(default_factory=dict, repr=False)  # window -> sdpa_fields
     _paged: Optional[tuple] = field(default=None, repr=False)
     _groups: Optional[list] = field(default=None, repr=False)
 
@@ -125,13 +128,13 @@ class AttentionMetadata:
                            span_lens, tree_mask)
         return self._paged
 
-    def sdpa_fields(self):
+    def sdpa_fields(self, window: int = 0):
         """(gather_slots [B, Lmax], mask [B, 1, qmax, Lmax] or None, q_pad_index, q_unpad_index)."""
-        if self._sdpa is None:
-            self._sdpa = _build_sdpa_fields(self.q_lens, self.kv_lens, self.block_tables, self.block_size,
-                                            self.span_parents if self.has_trees else None)
-            self._sdpa = tuple(None if t is None else t.to(self.device, non_blocking=True) for t in self._sdpa)
-        return self._sdpa
+        if window not in self._sdpa:
+            fields = _build_sdpa_fields(self.q_lens, self.kv_lens, self.block_tables, self.block_size,
+                                        self.span_parents if self.has_trees else None, window)
+            self._sdpa[window] = tuple(None if t is None else t.to(self.device, non_blocking=True) for t in fields)
+        return self._sdpa[window]
 
 
 def _padded_tables(block_tables: list[list[int]], nblk: int) -> torch.Tensor:
@@ -149,17 +152,20 @@ def ancestor_mask(parents: list[int]) -> torch.Tensor:
     return m
 
 
-def _build_sdpa_fields(q_lens, kv_lens, block_tables, block_size, span_parents=None):
+def _build_sdpa_fields(q_lens, kv_lens, block_tables, block_size, span_parents=None, window=0):
     B, qmax, lmax = len(q_lens), max(q_lens), max(kv_lens)
+    window = window if 0 < window < lmax else 0  # a window longer than every context masks nothing
     tables = _padded_tables(block_tables, -(-lmax // block_size))
     gather = (tables[:, :, None] * block_size + torch.arange(block_size)).reshape(B, -1)[:, :lmax].contiguous()
     kv, ql = torch.tensor(kv_lens), torch.tensor(q_lens)
     mask = None
-    if span_parents or not (qmax == 1 and all(k == lmax for k in kv_lens)):
+    if span_parents or window or not (qmax == 1 and all(k == lmax for k in kv_lens)):
         i = torch.arange(qmax)[None, :, None]  # query row
         j = torch.arange(lmax)[None, None, :]  # key position
         q_pos = (kv - ql)[:, None, None] + i  # absolute position of query row i
         mask = (j <= q_pos) & (i < ql[:, None, None])
+        if window:
+            mask &= j > q_pos - window
         mask |= (i >= ql[:, None, None]) & (j == 0)  # padded query rows: attend to something, ignored
         for b, par in enumerate(span_parents or []):
             if par is not None:  # a tree: within it, ancestors only
@@ -177,30 +183,33 @@ def _build_sdpa_fields(q_lens, kv_lens, block_tables, block_size, span_parents=N
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q [T, H, D], k/v [T, Hkv, D] for the new tokens; k_cache/v_cache [slots, Hkv, D] of this layer.
-    Returns [T, H, D]."""
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
+    """q [T, H, D], k/v [T, Hkv, D] for the new tokens; k_cache/v_cache [slots, Hkv, D] of this layer;
+    window > 0: each query sees its last `window` positions only. Returns [T, H, D]."""
+    if window and meta.has_trees:
+        raise NotImplementedError("token trees over sliding-window layers: use a chain drafter with this model")
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
-    return _attend(q, k_cache, v_cache, meta, scale)
+    return _attend(q, k_cache, v_cache, meta, scale, window)
 
 
-def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+            window: int = 0) -> torch.Tensor:
     """Attention of q [T, H, D] over the cache (the new keys already written) -> [T, H, D]."""
     groups = meta.span_groups()
     if groups is not None:  # short and long spans mixed: each group its own way
         out = torch.empty_like(q)
         for sub, rows in groups:
-            out[rows] = _attend(q[rows], k_cache, v_cache, sub, scale)
+            out[rows] = _attend(q[rows], k_cache, v_cache, sub, scale, window)
         return out
     T, H, D = q.shape
     if meta.use_paged_kernel and q.dtype == torch.float32 and D % 8 == 0:
         tables, q_starts, q_lens, kv_lens, span_lens, tree_mask = meta.paged_fields()
         return kernels.ext().paged_attention(q.contiguous(), k_cache, v_cache, tables, q_starts, q_lens, kv_lens,
-                                             meta.block_size, scale, span_lens, tree_mask)
+                                             meta.block_size, scale, span_lens, tree_mask, window)
     if meta.mode == "split" and meta.max_q_len <= PAGED_KERNEL_MAX_Q and meta.num_seqs > 1:
-        return _split_sdpa(q, k_cache, v_cache, meta, scale)
-    gather, mask, pad_index, unpad_index = meta.sdpa_fields()
+        return _split_sdpa(q, k_cache, v_cache, meta, scale, window)
+    gather, mask, pad_index, unpad_index = meta.sdpa_fields(window)
     B, qmax = meta.num_seqs, meta.max_q_len
     slots = gather.view(-1)
     keys = k_cache.index_select(0, slots).view(B, -1, *k_cache.shape[1:]).transpose(1, 2)  # [B, Hkv, Lmax, D]
@@ -215,7 +224,7 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta:
     return out if unpad_index is None else out[unpad_index]
 
 
-def _split_sdpa(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def _split_sdpa(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
     """SPLIT without the C++ kernel (bf16, CUDA): one SDPA call per sequence over its own keys."""
     H = q.shape[1]
     bs, out, start = meta.block_size, [], 0
@@ -227,8 +236,11 @@ def _split_sdpa(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> t
         values = v_cache.index_select(0, slots).transpose(0, 1)[None]
         qs = q[start:start + ql].transpose(0, 1)[None]  # [1, H, ql, D]
         mask = None
-        if ql > 1 or par is not None:  # query i sits at position kl - ql + i
-            mask = torch.arange(kl, device=q.device)[None, :] <= (kl - ql + torch.arange(ql, device=q.device))[:, None]
+        if ql > 1 or par is not None or 0 < window < kl:  # query i sits at position kl - ql + i
+            j, q_pos = torch.arange(kl, device=q.device)[None, :], (kl - ql + torch.arange(ql, device=q.device))[:, None]
+            mask = j <= q_pos
+            if window:
+                mask &= j > q_pos - window
             if par is not None:
                 L = len(par)
                 mask[:, kl - L:] = ancestor_mask(par)[L - ql:].to(q.device)

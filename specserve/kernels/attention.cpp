@@ -12,10 +12,15 @@ namespace specserve {
 // sees every key before the span and the span rows a with tree_mask[t][a] set (itself and its
 // ancestors). The keys it sees are scored into one compact row in position order, so a tree node's
 // output has the same bits as the last row of a causal span made of its path.
+//
+// Sliding-window layers (window > 0, Gemma / Mistral style): the query at position p sees keys
+// p - window + 1 .. p only. A verify row and the one-token step at its position read the same keys
+// in the same order, so they still give the same bits. Trees are not taken with a window.
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor q_starts, torch::Tensor q_lens,
                               torch::Tensor kv_lens, int64_t block_size, double scale,
-                              c10::optional<torch::Tensor> span_lens, c10::optional<torch::Tensor> tree_mask) {
+                              c10::optional<torch::Tensor> span_lens, c10::optional<torch::Tensor> tree_mask,
+                              int64_t window) {
   // Every index the loops below follow is checked first: a bad table or length raises here instead
   // of reading or writing outside the cache (O(sequences + blocks), nothing next to the attention).
   TORCH_CHECK(q.dtype() == torch::kFloat32 && q.is_contiguous() && q.dim() == 3, "q must be contiguous f32 [T, H, D]");
@@ -33,6 +38,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   const int64_t group = H / Hkv, max_blocks = block_tables.size(1), VD = D / 8;
   TORCH_CHECK(span_lens.has_value() == tree_mask.has_value(), "paged_attention: span_lens and tree_mask go together");
   const bool trees = span_lens.has_value();
+  TORCH_CHECK(window >= 0 && !(trees && window > 0), "paged_attention: window must be >= 0 and is not taken with trees");
   const int64_t* sl = nullptr;
   const uint8_t* tm = nullptr;
   int64_t Lmax = 0;
@@ -86,7 +92,10 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
         // keys this query sees: n_ctx in a row (the blocked loops below), then, in a tree, the span
         // rows its mask keeps (one by one); span_pos[e] is the e-th one's position
         const int64_t n_ctx = span ? kl[b] - span : kl[b] - ql[b] + i + 1;
-        int64_t n = n_ctx;
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, n_ctx - window) : 0;  // first key seen
+        // keys of block-aligned runs: from j0 to the end of its block or of the context
+        auto m_of = [&](int64_t j0) { return std::min(block_size - j0 % block_size, n_ctx - j0); };
+        int64_t n = n_ctx - lo;  // scores so far
         if (span) {
           const uint8_t* row = tm + t * Lmax;
           for (int64_t a = 0; a < span; ++a)
@@ -96,10 +105,12 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
         __m256 qreg[32];
         for (int64_t d = 0; d < VD; ++d) qreg[d] = _mm256_mul_ps(_mm256_loadu_ps(qv + 8 * d), _mm256_set1_ps(scale));
         float mx = -INFINITY;
-        // Walk the block table block by block (no division per key).
-        for (int64_t j0 = 0, blk = 0; j0 < n_ctx; j0 += block_size, ++blk) {
-          const float* kblock = kp + (table[blk] * block_size * Hkv + kvh) * D;
-          const int64_t m = std::min(block_size, n_ctx - j0);
+        // Walk the block table block by block from the first key in the window (no division per key);
+        // scores[e] is key lo + e.
+        for (int64_t j0 = lo, blk = lo / block_size; j0 < n_ctx; j0 += m_of(j0), ++blk) {
+          const int64_t off = j0 - blk * block_size;
+          const float* kblock = kp + ((table[blk] * block_size + off) * Hkv + kvh) * D;
+          const int64_t m = m_of(j0);
           const int64_t stride = Hkv * D;
           int64_t o = 0;
           // Four keys at a time: one key's dot product is a chain of dependent FMAs, so a lone key
@@ -117,7 +128,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
               a2 = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(k0 + 2 * stride + 8 * d), a2);
               a3 = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(k0 + 3 * stride + 8 * d), a3);
             }
-            float* sc = scores.data() + j0 + o;
+            float* sc = scores.data() + j0 - lo + o;
             sc[0] = hsum(a0); sc[1] = hsum(a1); sc[2] = hsum(a2); sc[3] = hsum(a3);
             mx = std::max(mx, std::max(std::max(sc[0], sc[1]), std::max(sc[2], sc[3])));
           }
@@ -125,8 +136,8 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
             const float* kv = kblock + o * stride;
             __m256 acc = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(kv));
             for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(kv + 8 * d), acc);
-            scores[j0 + o] = hsum(acc);
-            mx = std::max(mx, scores[j0 + o]);
+            scores[j0 - lo + o] = hsum(acc);
+            mx = std::max(mx, scores[j0 - lo + o]);
           }
         }
         for (int64_t e = n_ctx; e < n; ++e) {  // a tree's visible span rows, one by one
@@ -155,12 +166,12 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
         }
         __m256 o[32];
         for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_setzero_ps();
-        for (int64_t j0 = 0, blk = 0; j0 < n_ctx; j0 += block_size, ++blk) {
-          const float* vblock = vp + (table[blk] * block_size * Hkv + kvh) * D;
-          const int64_t m = std::min(block_size, n_ctx - j0);
+        for (int64_t j0 = lo, blk = lo / block_size; j0 < n_ctx; j0 += m_of(j0), ++blk) {
+          const float* vblock = vp + ((table[blk] * block_size + j0 - blk * block_size) * Hkv + kvh) * D;
+          const int64_t m = m_of(j0);
           for (int64_t u = 0; u < m; ++u) {
             const float* vv = vblock + u * Hkv * D;
-            const __m256 p = _mm256_set1_ps(scores[j0 + u]);
+            const __m256 p = _mm256_set1_ps(scores[j0 - lo + u]);
             for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vv + 8 * d), o[d]);
           }
         }

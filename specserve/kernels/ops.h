@@ -57,6 +57,7 @@ torch::Tensor silu_mul(torch::Tensor gu);
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor q_starts, torch::Tensor q_lens,
                               torch::Tensor kv_lens, int64_t block_size, double scale,
-                              c10::optional<torch::Tensor> span_lens, c10::optional<torch::Tensor> tree_mask);
+                              c10::optional<torch::Tensor> span_lens, c10::optional<torch::Tensor> tree_mask,
+                              int64_t window = 0);
 
 }  // namespace specserve

@@ -30,6 +30,11 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "gate",
     "ffn_up.weight": "up",
     "ffn_down.weight": "down",
+    # Gemma 3
+    "attn_q_norm.weight": "q_norm",
+    "attn_k_norm.weight": "k_norm",
+    "post_attention_norm.weight": "post_attn_norm",
+    "post_ffw_norm.weight": "post_ffn_norm",
 }
 _GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head",
                  "rope_freqs.weight": "rope_freqs"}
@@ -52,6 +57,13 @@ def _arch_from_fields(f: dict, path: str, tensor_names: set) -> ModelArch:
     eos = [f["tokenizer.ggml.eos_token_id"]] if "tokenizer.ggml.eos_token_id" in f else []
     if "tokenizer.ggml.eot_token_id" in f and f["tokenizer.ggml.eot_token_id"] not in eos:
         eos.append(f["tokenizer.ggml.eot_token_id"])
+    entry = ARCHITECTURES.get(arch)
+    window = f.get(p + "attention.sliding_window")
+    scaling = None
+    if f.get(p + "rope.scaling.type") == "linear" and float(f.get(p + "rope.scaling.factor", 1.0)) != 1.0:
+        scaling = {"rope_type": "linear", "factor": float(f[p + "rope.scaling.factor"])}
+    elif f.get(p + "rope.scaling.type") not in (None, "none", "linear"):
+        raise ValueError(f"{path}: RoPE scaling {f[p + 'rope.scaling.type']!r} is not supported (supported: linear)")
     return ModelArch(
         architecture=arch,
         vocab_size=vocab,
@@ -66,6 +78,10 @@ def _arch_from_fields(f: dict, path: str, tensor_names: set) -> ModelArch:
         max_position_embeddings=int(f.get(p + "context_length", 4096)),
         tie_word_embeddings="output.weight" not in tensor_names,
         attention_bias="blk.0.attn_q.bias" in tensor_names,
+        rope_scaling=scaling,
+        sliding_window=int(window) if window else None,
+        global_every=entry.global_every if window else 0,
+        rope_local_theta=entry.rope_local_theta,
         bos_token_id=f.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=eos,
     )
@@ -84,7 +100,8 @@ def expected_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     q, kv = arch.num_attention_heads * d, arch.num_key_value_heads * d
     shapes = {"embed": (arch.vocab_size, h), "norm": (h,), "lm_head": (arch.vocab_size, h)}
     per_layer = {"attn_norm": (h,), "ffn_norm": (h,), "q": (q, h), "k": (kv, h), "v": (kv, h), "o": (h, q),
-                 "q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,), "gate": (f, h), "up": (f, h), "down": (h, f)}
+                 "q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,), "gate": (f, h), "up": (f, h), "down": (h, f),
+                 "q_norm": (d,), "k_norm": (d,), "post_attn_norm": (h,), "post_ffn_norm": (h,)}
     for i in range(arch.num_hidden_layers):
         shapes.update({f"layers.{i}.{k}": v for k, v in per_layer.items()})
     return shapes
@@ -94,6 +111,7 @@ def required_names(arch: ModelArch) -> list[str]:
     names = ["embed", "norm"] + ([] if arch.tie_word_embeddings else ["lm_head"])
     per_layer = ["attn_norm", "ffn_norm", "q", "k", "v", "o", "gate", "up", "down"]
     per_layer += ["q_bias", "k_bias", "v_bias"] if arch.attention_bias else []
+    per_layer += list(ARCHITECTURES.get(arch.architecture).extra_layer_weights)
     return names + [f"layers.{i}.{k}" for i in range(arch.num_hidden_layers) for k in per_layer]
 
 

@@ -1,6 +1,10 @@
 """Tokenizer: a `tokenizers.Tokenizer` plus the chat template and the special ids the engine needs.
 
-Built either from GGUF metadata (BPE / "gpt2" vocabularies) or from a Hugging Face tokenizer.json.
+Built either from GGUF metadata or from a Hugging Face tokenizer.json. GGUF files bring one of two
+vocabularies (`tokenizer.ggml.model`):
+  * "gpt2": byte-level BPE with its merges (Qwen2, Llama 3, SmolLM);
+  * "llama": SentencePiece BPE (Llama 2, Mistral, Gemma): no merges, a score per piece; text is
+    spelled with U+2581 for spaces and unknown characters fall back to <0xNN> byte pieces.
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Optional, Sequence
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 # Pre-tokenizer regexes by GGUF `tokenizer.ggml.pre` (as in llama.cpp's llama-vocab.cpp).
@@ -22,8 +26,10 @@ _QWEN2_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+_TOKEN_TYPE_NORMAL = 1
 _TOKEN_TYPE_CONTROL = 3
 _TOKEN_TYPE_USER_DEFINED = 4
+_SPACE = "\u2581"  # SentencePiece's spelling of a space
 
 
 def _byte_level_pre_tokenizer(pre: str):
@@ -43,6 +49,56 @@ def _byte_level_pre_tokenizer(pre: str):
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
+# Turn-ending control tokens that stop generation whatever the header's eos id (llama.cpp's list).
+_END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<EOT>", "<|END_OF_TURN_TOKEN|>")
+
+
+def _byte_level_bpe(fields: dict, tokens: list[str]) -> HFTokenizer:
+    merges = [tuple(m.split(" ", 1)) for m in fields.get("tokenizer.ggml.merges") or []]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    backend = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    backend.pre_tokenizer = _byte_level_pre_tokenizer(fields.get("tokenizer.ggml.pre", "default"))
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _sentencepiece_bpe(fields: dict, tokens: list[str], types: list[int], path: str) -> HFTokenizer:
+    """SentencePiece BPE as llama.cpp's SPM tokenizer runs it: the adjacent pair whose merged piece has
+    the highest score merges first. `tokenizers`' BPE merges by rank instead, so the merges are rebuilt
+    from the vocabulary: every split of a normal piece into two pieces of the vocabulary, ranked by the
+    merged piece's score (ties: the pieces' ids, as transformers' GGUF loader orders them).
+    Gemma spells its user-defined runs of spaces with real spaces ("  "); inside the model they are
+    looked up as U+2581 runs, so they are respelled (transformers does the same)."""
+    scores = fields.get("tokenizer.ggml.scores")
+    if scores is None or len(scores) != len(tokens):
+        raise ValueError(f"{path}: a SentencePiece vocabulary needs a score per token (tokenizer.ggml.scores)")
+    spelled = [_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {t: i for i, t in enumerate(spelled)}
+    ranked = []
+    for i, (piece, ty) in enumerate(zip(spelled, types)):
+        # the respelled runs of spaces merge before anything else: llama.cpp matches them whole first
+        run = ty == _TOKEN_TYPE_USER_DEFINED and piece != tokens[i]
+        if len(piece) < 2 or not (ty == _TOKEN_TYPE_NORMAL or run):
+            continue
+        for k in range(1, len(piece)):
+            left, right = piece[:k], piece[k:]
+            if left in vocab and right in vocab:
+                ranked.append((not run, -scores[i], vocab[left], vocab[right], left, right))
+    ranked.sort()
+    unk = fields.get("tokenizer.ggml.unknown_token_id")
+    bpe = models.BPE(vocab=vocab, merges=[(r[4], r[5]) for r in ranked], fuse_unk=True, byte_fallback=True,
+                     unk_token=tokens[unk] if unk is not None else None)
+    backend = HFTokenizer(bpe)
+    # A leading space (Llama 2, Mistral; not Gemma) is prepended to the text, as SentencePiece's
+    # add_dummy_prefix does, and stripped again when decoding.
+    prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
+    backend.normalizer = normalizers.Sequence(([normalizers.Prepend(_SPACE)] if prefix else [])
+                                              + [normalizers.Replace(" ", _SPACE)])
+    backend.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+                                        + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return backend
+
+
 class Tokenizer:
     def __init__(self, backend: HFTokenizer, eos_token_ids: Sequence[int], bos_token_id: Optional[int],
                  add_bos: bool, chat_template: Optional[str], special_tokens: dict[str, str]):
@@ -58,22 +114,33 @@ class Tokenizer:
     @classmethod
     def from_gguf_fields(cls, fields: dict, path: str) -> "Tokenizer":
         kind = fields.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise ValueError(f"{path}: tokenizer type {kind!r} is not supported (supported: 'gpt2' BPE)")
+        if kind not in ("gpt2", "llama"):
+            raise ValueError(f"{path}: tokenizer type {kind!r} is not supported (supported: 'gpt2' byte-level BPE, "
+                             f"'llama' SentencePiece)")
         tokens: list[str] = fields["tokenizer.ggml.tokens"]
-        merges = [tuple(m.split(" ", 1)) for m in fields.get("tokenizer.ggml.merges") or []]
-        vocab = {t: i for i, t in enumerate(tokens)}
-        bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
-        backend = HFTokenizer(bpe)
-        backend.pre_tokenizer = _byte_level_pre_tokenizer(fields.get("tokenizer.ggml.pre", "default"))
-        backend.decoder = decoders.ByteLevel()
-        types = fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-        specials = [AddedToken(t, special=True, normalized=False)
-                    for t, ty in zip(tokens, types) if ty in (_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED)]
-        backend.add_special_tokens(specials)
+        types = fields.get("tokenizer.ggml.token_type") or [_TOKEN_TYPE_NORMAL] * len(tokens)
+        if kind == "gpt2":
+            backend = _byte_level_bpe(fields, tokens)
+            specials = [AddedToken(t, special=True, normalized=False)
+                        for t, ty in zip(tokens, types) if ty in (_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED)]
+            backend.add_special_tokens(specials)
+        else:
+            backend = _sentencepiece_bpe(fields, tokens, types, path)
+            # Control tokens (<bos>, <start_of_turn>) are special; user-defined ones (Gemma's runs of
+            # newlines, "\t") are matched whole in the text, as llama.cpp does. Runs of spaces are
+            # left to the merges (their pieces are spelled with U+2581, see _sentencepiece_bpe).
+            backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                        for t, ty in zip(tokens, types) if ty == _TOKEN_TYPE_CONTROL])
+            backend.add_tokens([AddedToken(t, special=False, normalized=False)
+                                for t, ty in zip(tokens, types) if ty == _TOKEN_TYPE_USER_DEFINED and " " not in t])
         eos = fields.get("tokenizer.ggml.eos_token_id")
         eot = fields.get("tokenizer.ggml.eot_token_id")
         eos_ids = [i for i in (eos, eot) if i is not None]
+        # Chat models end a turn with a control token the header may not name (Gemma's <end_of_turn>):
+        # llama.cpp stops on these by their text too.
+        for i, (t, ty) in enumerate(zip(tokens, types)):
+            if ty == _TOKEN_TYPE_CONTROL and t in _END_OF_TURN and i not in eos_ids:
+                eos_ids.append(i)
         bos = fields.get("tokenizer.ggml.bos_token_id")
         add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", False))
         special = {}

@@ -3,6 +3,7 @@
 Weights use one canonical naming scheme, whatever the file format:
   embed, norm, lm_head (absent when tied),
   layers.{i}.{attn_norm, ffn_norm, q, k, v, o, q_bias, k_bias, v_bias, gate, up, down}
+  and Gemma 3's layers.{i}.{q_norm, k_norm, post_attn_norm, post_ffn_norm}
 A weight is either a dense torch tensor or a `QuantizedWeight` (GGML blocks kept as stored, so the
 model can run them through the block kernels instead of dequantising).
 """
@@ -21,7 +22,7 @@ from .quants import dequantize
 class ModelArch:
     """Llama-family architecture hyper-parameters (HF naming)."""
 
-    architecture: str  # "llama" | "mistral" | "qwen2"
+    architecture: str  # a name in registry.ARCHITECTURES: "llama" | "mistral" | "qwen2" | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -35,8 +36,20 @@ class ModelArch:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2: bias on q, k, v
+    # Sliding-window attention (Gemma 3): `sliding_window` keys per query on the local layers; every
+    # `global_every`-th layer (0: none) attends to the whole context with RoPE base rope_theta, the
+    # local ones with rope_local_theta.
+    sliding_window: Optional[int] = None
+    global_every: int = 0
+    rope_local_theta: Optional[float] = None
     bos_token_id: Optional[int] = None
     eos_token_ids: list[int] = field(default_factory=list)
+
+    def layer_window(self, i: int) -> int:
+        """Layer i's attention window in keys (0: the whole context)."""
+        if not self.sliding_window or (self.global_every and (i + 1) % self.global_every == 0):
+            return 0
+        return self.sliding_window
 
     @property
     def num_params(self) -> int:

@@ -2,7 +2,9 @@
 
 `decoder_layer` is the reference: RMSNorm -> q/k/v with rotate-half RoPE -> attention -> o ->
 RMSNorm -> SwiGLU MLP, on a residual stream of any leading shape ([T, hidden] flat ragged batches,
-[B, L, hidden] training chunks). What differs between its users is passed in, not rewritten:
+[B, L, hidden] training chunks). Gemma 3's layer is the same with four more norms (each q and k head
+before RoPE; each sub-layer's output before it joins the stream) and GeGLU: LayerWeights carries
+them, None / "silu" for the Llama family. What differs between its users is passed in, not rewritten:
   * the projections, as callables (models.layers.Linear over GGML blocks or dense weights,
     nn.Linear for training with autograd, F.linear over dense tensors);
   * the attention, as `attend(q, k, v)`: `paged(...)` over a paged KV cache (serving: the target,
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..attention.paged import AttentionMetadata, paged_attention
-from .layers import add_rms_norm, rope_qkv, silu_mul
+from .layers import GATED_ACTIVATIONS, add_rms_norm, head_norm, rms_norm, rope_qkv
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -39,6 +41,12 @@ class LayerWeights:
     o: Callable  # [..., H D] -> [..., hidden]
     gate_up: Callable  # [..., hidden] -> [..., 2 F] (gate | up)
     down: Callable  # [..., F] -> [..., hidden]
+    # Gemma 3 (None for the Llama family): QK-norm and the sub-layers' output norms
+    q_norm: Optional[torch.Tensor] = None  # [D]
+    k_norm: Optional[torch.Tensor] = None  # [D]
+    post_attn_norm: Optional[torch.Tensor] = None  # [hidden]
+    post_ffn_norm: Optional[torch.Tensor] = None  # [hidden]
+    act: str = "silu"  # the MLP's gate: "silu" (SwiGLU) | "gelu_tanh" (GeGLU)
 
 
 def decoder_layer(x: torch.Tensor, delta: Optional[torch.Tensor], w: LayerWeights, cos: torch.Tensor,
@@ -47,14 +55,26 @@ def decoder_layer(x: torch.Tensor, delta: Optional[torch.Tensor], w: LayerWeight
     cos/sin [..., D] broadcastable to the tokens' positions; attend(q [..., H, D], k, v [..., Hkv, D])
     -> [..., H, D]. Returns (x, delta): the stream and this layer's MLP output, not yet added."""
     x, h = add_rms_norm(x, delta, w.attn_norm, eps)
-    q, k, v = rope_qkv(w.qkv(h), cos, sin, H, Hkv, D)
-    x, h = add_rms_norm(x, w.o(attend(q, k, v).flatten(-2)), w.ffn_norm, eps)
-    return x, w.down(silu_mul(w.gate_up(h)))
+    qkv = w.qkv(h)
+    if w.q_norm is not None:
+        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+        qkv = torch.cat([head_norm(q, H, D, w.q_norm, eps), head_norm(k, Hkv, D, w.k_norm, eps), v], dim=-1)
+    q, k, v = rope_qkv(qkv, cos, sin, H, Hkv, D)
+    out = w.o(attend(q, k, v).flatten(-2))
+    if w.post_attn_norm is not None:
+        out = rms_norm(out, w.post_attn_norm, eps)
+    x, h = add_rms_norm(x, out, w.ffn_norm, eps)
+    out = w.down(GATED_ACTIVATIONS[w.act](w.gate_up(h)))
+    if w.post_ffn_norm is not None:
+        out = rms_norm(out, w.post_ffn_norm, eps)
+    return x, out
 
 
-def paged(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> Attend:
-    """Attention over a flat ragged batch with a paged KV cache (k_cache/v_cache [slots, Hkv, D])."""
-    return lambda q, k, v: paged_attention(q, k, v, k_cache, v_cache, meta, scale)
+def paged(k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+          window: int = 0) -> Attend:
+    """Attention over a flat ragged batch with a paged KV cache (k_cache/v_cache [slots, Hkv, D]);
+    window > 0: a sliding-window layer's."""
+    return lambda q, k, v: paged_attention(q, k, v, k_cache, v_cache, meta, scale, window)
 
 
 def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

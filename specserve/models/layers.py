@@ -123,6 +123,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[..., 2F] (gate | up) -> gelu_tanh(gate) * up [..., F] (GeGLU: Gemma's MLP)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
+GATED_ACTIVATIONS = {"silu": silu_mul, "gelu_tanh": gelu_tanh_mul}
+
+
+def head_norm(x: torch.Tensor, heads: int, D: int, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each head of x [T, heads * D] over its D values (Gemma 3's QK-norm)."""
+    return rms_norm(x.reshape(-1, D), weight, eps).view(*x.shape[:-1], heads * D)
+
+
 def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[dict]) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
@@ -136,6 +150,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[dict]) -> torch
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_len / hi) & (wavelen <= old_len / lo)
         inv_freq = torch.where(medium, smoothed, scaled)
+    elif scaling and scaling.get("rope_type", scaling.get("type")) == "linear":  # positions divided by factor
+        inv_freq = inv_freq / scaling["factor"]
     return inv_freq
 
 

@@ -34,13 +34,16 @@ def load_layer(arch: ModelArch, w: dict, i: int, dtype, device, use_blocks: bool
 
 
 class LlamaModel:
+    # Decode-sized steps may run each layer as one C++ call (kernels/decoder_layer.cpp: the Llama layer only).
+    fusable = True
+
     def __init__(self, arch: ModelArch, weights: dict, dtype: torch.dtype, device: torch.device,
                  use_blocks: bool = True, max_len: Optional[int] = None):
         self.arch, self.dtype, self.device = arch, dtype, device
         self.num_heads, self.num_kv_heads, self.head_dim = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
         self.eps = arch.rms_norm_eps
         use_blocks = use_blocks and device.type == "cpu" and dtype == torch.float32 and kernels.available()
-        self.layers = [load_layer(arch, weights, i, dtype, device, use_blocks) for i in range(arch.num_hidden_layers)]
+        self.layers = [self.load_layer(arch, weights, i, dtype, device, use_blocks) for i in range(arch.num_hidden_layers)]
         self.norm = as_dense(weights["norm"]).to(device, dtype)
         embed = weights["embed"]
         head = embed if arch.tie_word_embeddings else weights["lm_head"]
@@ -62,7 +65,9 @@ class LlamaModel:
         # Decode-sized steps run each layer as one C++ call when every projection is blocked.
         fused = [fused_layer_weights(l.attn_norm, l.ffn_norm, l.qkv, l.o, l.gate_up, l.down, self.head_dim)
                  for l in self.layers]
-        self.fused_layers = fused if all(w is not None for w in fused) else None
+        self.fused_layers = fused if self.fusable and all(w is not None for w in fused) else None
+
+    load_layer = staticmethod(load_layer)
 
     @property
     def weight_bytes(self) -> int:

@@ -29,7 +29,7 @@ def pulled(name: str) -> str:
         pytest.skip(f"{name}: {e}")
 
 
-@pytest.fixture(scope="module", params=["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
+@pytest.fixture(scope="module", params=["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma-3-270m"])
 def pair(request):
     path = pulled(request.param)
     llm = LLM(path, kv_cache_gib=0.25, prefill_chunk=None)
@@ -49,12 +49,36 @@ def test_kernels_read_the_file_in_place(pair):
 
 def test_greedy_matches_hf(pair):
     name, llm, hf = pair
-    prompts = humaneval_prompts(4)
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS))
+    assert_greedy_matches(name, llm, hf, humaneval_prompts(4), NEW_TOKENS)
+
+
+def test_sliding_window_layers_match_hf_past_the_window(pair):
+    """Gemma 3's local layers see the last 512 positions only: past the window (the prompt's prefill on
+    the padded path, the decode steps on the C++ kernel) the tokens must still be HF's, and they must
+    not be without the window (else this would test nothing)."""
+    name, llm, hf = pair
+    window = llm.engine.arch.sliding_window
+    if not window:
+        pytest.skip(f"{name} has no sliding-window layers")
+    prompt = "\n\n".join(humaneval_prompts(6))
+    ids = llm.tokenizer.encode(prompt)
+    assert len(ids) > window + 64, len(ids)
+    assert_greedy_matches(name, llm, hf, [prompt], 16)
+    model = llm.engine.model
+    windows, model.windows = model.windows, [0] * len(model.windows)
+    try:
+        unwindowed = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16))[0].outputs[0].token_ids
+    finally:
+        model.windows = windows
+    assert unwindowed != llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16))[0].outputs[0].token_ids
+
+
+def assert_greedy_matches(name, llm, hf, prompts, new_tokens):
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=new_tokens))
     for prompt, out in zip(prompts, outs):
         ids = llm.tokenizer.encode(prompt)
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(ids):].tolist()
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False)[0, len(ids):].tolist()
         ours = out.outputs[0].token_ids
         if ours == ref[:len(ours)] and (len(ours) == len(ref) or out.outputs[0].finish_reason == "stop"):
             continue
@@ -78,3 +102,28 @@ def test_a_known_model_is_served_under_the_name_asked_for():
             assert llm.model_name == served
         finally:
             llm.shutdown()
+
+
+TOKENIZER_TEXTS = ["Hello  world\n\tx = 1 # ünïcode 😀 日本語", "  leading spaces", "a\n\n\nb", "\x00 ctrl \u200b",
+                   "<start_of_turn>user\nhi<end_of_turn>\n", "naïve café", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ☃", "trailing   ", "\t\t\ttabs"]
+
+
+def test_sentencepiece_vocabulary_matches_llama_cpp_and_hf():
+    """Gemma's SentencePiece vocabulary (no merges in the file) against llama.cpp's SPM tokenizer
+    where it is installed, and HF's GGUF tokenizer (which agrees with llama.cpp on these texts; on
+    runs of more than 31 spaces HF splits differently, and we follow llama.cpp)."""
+    from specserve.loading.gguf_file import GGUFFile
+    from specserve.loading.tokenizer import Tokenizer
+    path = pulled("gemma-3-270m")
+    ours = Tokenizer.from_gguf_fields(GGUFFile(path).fields, path)
+    hf = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    texts = humaneval_prompts(20) + TOKENIZER_TEXTS
+    for text in texts:
+        assert ours.encode(text) == hf.encode(text), text
+        assert ours.decode(ours.encode(text), skip_special_tokens=False) == "<bos>" + text
+    if importlib.util.find_spec("llama_cpp") is None:
+        return
+    import llama_cpp
+    ref = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+    for text in texts + ["x = [\n" + " " * 40 + "1]"]:
+        assert ours.encode(text) == ref.tokenize(text.encode(), add_bos=True, special=True), text

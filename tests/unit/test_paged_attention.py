@@ -11,7 +11,7 @@ H, HKV, D, BS = 6, 2, 16, 4
 Q_LENS, KV_LENS = [1, 3, 1, 5], [7, 20, 33, 12]
 
 
-def reference(q, k_cache, v_cache, tables):
+def reference(q, k_cache, v_cache, tables, window=0):
     out, t = [], 0
     for ql, kl, table in zip(Q_LENS, KV_LENS, tables):
         slots = torch.tensor([table[p // BS] * BS + p % BS for p in range(kl)])
@@ -19,21 +19,27 @@ def reference(q, k_cache, v_cache, tables):
         vals = v_cache[slots].repeat_interleave(H // HKV, dim=1)
         for i in range(ql):
             pos = kl - ql + i
-            s = torch.einsum("hd,khd->hk", q[t], keys[:pos + 1]) / D ** 0.5
-            out.append(torch.einsum("hk,khd->hd", s.softmax(-1), vals[:pos + 1]))
+            lo = max(0, pos + 1 - window) if window else 0  # a sliding window: the last `window` positions
+            s = torch.einsum("hd,khd->hk", q[t], keys[lo:pos + 1]) / D ** 0.5
+            out.append(torch.einsum("hk,khd->hd", s.softmax(-1), vals[lo:pos + 1]))
             t += 1
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("path", ["kernel", "sdpa", "mixed"])
-def test_ragged_paged_attention_matches_reference(path, monkeypatch):
-    """mixed: spans of 1 take the short path, spans of 3 and 5 are padded among themselves only."""
+@pytest.mark.parametrize("window", [0, 6, 9])
+@pytest.mark.parametrize("path", ["kernel", "sdpa", "split", "mixed"])
+def test_ragged_paged_attention_matches_reference(path, window, monkeypatch):
+    """mixed: spans of 1 take the short path, spans of 3 and 5 are padded among themselves only.
+    split: SDPA per sequence (the bf16 / CUDA path). window: sliding-window layers, the window's start
+    inside a block (6, 9 with blocks of 4), shorter and longer than some contexts."""
     if path in ("kernel", "mixed") and not kernels.available():
         pytest.skip("no block kernels")
     if path == "sdpa":
         monkeypatch.setattr(paged, "PAGED_KERNEL_MAX_Q", 0)
     if path == "mixed":
         monkeypatch.setattr(paged, "PAGED_KERNEL_MAX_Q", 2)
+    if path == "split":
+        monkeypatch.setattr(kernels, "available", lambda: False)
     g = torch.Generator().manual_seed(0)
     num_blocks = 40
     order = torch.randperm(num_blocks, generator=g).tolist()  # scattered, non-contiguous blocks
@@ -49,16 +55,19 @@ def test_ragged_paged_attention_matches_reference(path, monkeypatch):
     k_new, v_new = torch.randn(T, HKV, D, generator=g), torch.randn(T, HKV, D, generator=g)
     meta = AttentionMetadata.build(Q_LENS, KV_LENS, tables, BS, torch.device("cpu"))
     assert (meta.span_groups() is not None) == (path == "mixed")
-    ours = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, D ** -0.5)
+    ours = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, D ** -0.5, window)
     if path == "mixed":  # a decode row gets exactly what it gets in a batch of decode rows only
         short = [0, 2]
         rows = torch.tensor([0, 4])  # their token rows in the flat batch
         alone = AttentionMetadata.build([Q_LENS[i] for i in short], [KV_LENS[i] for i in short], [tables[i] for i in short],
                                         BS, torch.device("cpu"))
-        assert torch.equal(paged_attention(q[rows], k_new[rows], v_new[rows], k_cache, v_cache, alone, D ** -0.5), ours[rows])
+        assert torch.equal(paged_attention(q[rows], k_new[rows], v_new[rows], k_cache, v_cache, alone, D ** -0.5, window),
+                           ours[rows])
     # the new tokens' K/V were written into their slots first
     torch.testing.assert_close(k_cache[meta.slot_mapping], k_new)
-    torch.testing.assert_close(ours, reference(q, k_cache, v_cache, tables), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours, reference(q, k_cache, v_cache, tables, window), rtol=1e-5, atol=1e-5)
+    if window:  # the window changes the answer (else this case would not test it)
+        assert not torch.allclose(ours, reference(q, k_cache, v_cache, tables), rtol=1e-3, atol=1e-3)
 
 
 def _tree_case(g, parents, q_tree):
