@@ -1,6 +1,6 @@
 """Where a batch-1 decode step's time goes: block matmuls (timed alone, same shapes) vs the rest.
 
-Run: .venv/bin/python bench/profile_decode.py [--batch 1] [--steps 64]
+Run: .venv/bin/python bench/profile_decode.py [--model NAME|PATH] [--batch 1] [--steps 64]
 The block kernels are pybind calls the torch profiler cannot see, so their share is measured by
 replaying the step's matmuls in isolation and subtracting from the measured step time."""
 import argparse
@@ -16,8 +16,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--model", default=None, help="a known model's name or a path (default: the embedded model)")
     args = ap.parse_args()
-    llm = LLM()
+    llm = LLM(args.model, kv_cache_gib=0.25)
     prompt = humaneval_prompts(1)[0]
     params = SamplingParams(n=args.batch, temperature=0 if args.batch == 1 else 0.7, seed=0, max_tokens=args.steps,
                             ignore_eos=True)

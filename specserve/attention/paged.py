@@ -152,6 +152,20 @@ def ancestor_mask(parents: list[int]) -> torch.Tensor:
     return m
 
 
+def _tree_positions(q_pos: torch.Tensor, q_lens, kv_lens, span_parents) -> torch.Tensor:
+    """q_pos [B, qmax, 1] (row positions) with each tree query's own position: the context before the
+    tree plus its depth (a sliding window starts from there)."""
+    if not span_parents or all(p is None for p in span_parents):
+        return q_pos
+    q_pos = q_pos.clone()
+    for b, par in enumerate(span_parents):
+        if par is not None:
+            L, q = len(par), q_lens[b]
+            depth = ancestor_mask(par).sum(1) - 1  # [L]
+            q_pos[b, :q, 0] = kv_lens[b] - L + depth[L - q:].to(q_pos.device)
+    return q_pos
+
+
 def _build_sdpa_fields(q_lens, kv_lens, block_tables, block_size, span_parents=None, window=0):
     B, qmax, lmax = len(q_lens), max(q_lens), max(kv_lens)
     window = window if 0 < window < lmax else 0  # a window longer than every context masks nothing
@@ -165,7 +179,7 @@ def _build_sdpa_fields(q_lens, kv_lens, block_tables, block_size, span_parents=N
         q_pos = (kv - ql)[:, None, None] + i  # absolute position of query row i
         mask = (j <= q_pos) & (i < ql[:, None, None])
         if window:
-            mask &= j > q_pos - window
+            mask &= j > _tree_positions(q_pos, q_lens, kv_lens, span_parents) - window
         mask |= (i >= ql[:, None, None]) & (j == 0)  # padded query rows: attend to something, ignored
         for b, par in enumerate(span_parents or []):
             if par is not None:  # a tree: within it, ancestors only
@@ -186,8 +200,6 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] for the new tokens; k_cache/v_cache [slots, Hkv, D] of this layer;
     window > 0: each query sees its last `window` positions only. Returns [T, H, D]."""
-    if window and meta.has_trees:
-        raise NotImplementedError("token trees over sliding-window layers: use a chain drafter with this model")
     k_cache.index_copy_(0, meta.slot_mapping, k)
     v_cache.index_copy_(0, meta.slot_mapping, v)
     return _attend(q, k_cache, v_cache, meta, scale, window)
@@ -240,7 +252,7 @@ def _split_sdpa(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, wind
             j, q_pos = torch.arange(kl, device=q.device)[None, :], (kl - ql + torch.arange(ql, device=q.device))[:, None]
             mask = j <= q_pos
             if window:
-                mask &= j > q_pos - window
+                mask &= j > _tree_positions(q_pos[None], [ql], [kl], [par])[0].to(q.device) - window
             if par is not None:
                 L = len(par)
                 mask[:, kl - L:] = ancestor_mask(par)[L - ql:].to(q.device)

@@ -15,7 +15,8 @@ namespace specserve {
 //
 // Sliding-window layers (window > 0, Gemma / Mistral style): the query at position p sees keys
 // p - window + 1 .. p only. A verify row and the one-token step at its position read the same keys
-// in the same order, so they still give the same bits. Trees are not taken with a window.
+// in the same order, so they still give the same bits. A tree node sits at position (context length
+// + its depth), so its window starts there; a tree must be shorter than the window.
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor q_starts, torch::Tensor q_lens,
                               torch::Tensor kv_lens, int64_t block_size, double scale,
@@ -38,7 +39,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   const int64_t group = H / Hkv, max_blocks = block_tables.size(1), VD = D / 8;
   TORCH_CHECK(span_lens.has_value() == tree_mask.has_value(), "paged_attention: span_lens and tree_mask go together");
   const bool trees = span_lens.has_value();
-  TORCH_CHECK(window >= 0 && !(trees && window > 0), "paged_attention: window must be >= 0 and is not taken with trees");
+  TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0");
   const int64_t* sl = nullptr;
   const uint8_t* tm = nullptr;
   int64_t Lmax = 0;
@@ -64,7 +65,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
         TORCH_CHECK(bt0[b * max_blocks + j] >= 0 && bt0[b * max_blocks + j] < num_blocks,
                     "paged_attention: block ", bt0[b * max_blocks + j], " of sequence ", b, " is outside the cache");
       if (trees)
-        TORCH_CHECK(sl[b] == 0 || (sl[b] >= ql0[b] && sl[b] <= kl0[b] && sl[b] <= Lmax),
+        TORCH_CHECK(sl[b] == 0 || (sl[b] >= ql0[b] && sl[b] <= kl0[b] && sl[b] <= Lmax && (window == 0 || sl[b] <= window)),
                     "paged_attention: sequence ", b, " has a tree span of ", sl[b], " rows for ", ql0[b],
                     " queries, ", kl0[b], " keys and a mask of ", Lmax, " columns");
     }
@@ -92,15 +93,17 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
         // keys this query sees: n_ctx in a row (the blocked loops below), then, in a tree, the span
         // rows its mask keeps (one by one); span_pos[e] is the e-th one's position
         const int64_t n_ctx = span ? kl[b] - span : kl[b] - ql[b] + i + 1;
-        const int64_t lo = window > 0 ? std::max<int64_t>(0, n_ctx - window) : 0;  // first key seen
-        // keys of block-aligned runs: from j0 to the end of its block or of the context
-        auto m_of = [&](int64_t j0) { return std::min(block_size - j0 % block_size, n_ctx - j0); };
-        int64_t n = n_ctx - lo;  // scores so far
+        int64_t vis = 0;  // tree rows seen: the query's depth + 1
         if (span) {
           const uint8_t* row = tm + t * Lmax;
           for (int64_t a = 0; a < span; ++a)
-            if (row[a]) span_pos[n++ - n_ctx] = n_ctx + a;
+            if (row[a]) span_pos[vis++] = n_ctx + a;
         }
+        // the first context key in the window of a query at position n_ctx + vis - 1
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, n_ctx + vis - window) : 0;
+        const int64_t nc = n_ctx - lo, n = nc + vis;  // scores: the context's in the window, then the tree's
+        // keys of block-aligned runs: from j0 to the end of its block or of the context
+        auto m_of = [&](int64_t j0) { return std::min(block_size - j0 % block_size, n_ctx - j0); };
         const float* qv = qp + (t * H + h) * D;
         __m256 qreg[32];
         for (int64_t d = 0; d < VD; ++d) qreg[d] = _mm256_mul_ps(_mm256_loadu_ps(qv + 8 * d), _mm256_set1_ps(scale));
@@ -140,8 +143,8 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
             mx = std::max(mx, scores[j0 - lo + o]);
           }
         }
-        for (int64_t e = n_ctx; e < n; ++e) {  // a tree's visible span rows, one by one
-          const int64_t pos = span_pos[e - n_ctx];
+        for (int64_t e = nc; e < n; ++e) {  // a tree's visible span rows, one by one
+          const int64_t pos = span_pos[e - nc];
           const float* kv = kp + ((table[pos / block_size] * block_size + pos % block_size) * Hkv + kvh) * D;
           __m256 acc = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(kv));
           for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(kv + 8 * d), acc);
@@ -175,8 +178,8 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
             for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vv + 8 * d), o[d]);
           }
         }
-        for (int64_t e = n_ctx; e < n; ++e) {
-          const int64_t pos = span_pos[e - n_ctx];
+        for (int64_t e = nc; e < n; ++e) {
+          const int64_t pos = span_pos[e - nc];
           const float* vv = vp + ((table[pos / block_size] * block_size + pos % block_size) * Hkv + kvh) * D;
           const __m256 p = _mm256_set1_ps(scores[e]);
           for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vv + 8 * d), o[d]);

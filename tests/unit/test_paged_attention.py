@@ -93,11 +93,13 @@ TREE = [-1, 0, 0, 1, 1, 2, 4]  # span rows: root; 1, 2 under it; 3, 4 under 1; 5
 DRAFT_TREE = [-1, -1, 0, 2, 1]
 
 
+@pytest.mark.parametrize("window", [0, 7])
 @pytest.mark.parametrize("path", ["kernel", "split", "pad"])
 @pytest.mark.parametrize("parents,q_tree", [(TREE, len(TREE)), (DRAFT_TREE, 2)])
-def test_tree_spans_attend_to_their_ancestors_only(path, parents, q_tree, monkeypatch):
+def test_tree_spans_attend_to_their_ancestors_only(path, parents, q_tree, window, monkeypatch):
     """Sequence 1 ends in a tree, sequence 0 is a causal chain. Every tree query must get what the
-    last row of a causal chain made of its path gets; through the C++ kernel, bit for bit."""
+    last row of a causal chain made of its path gets; through the C++ kernel, bit for bit. With a
+    sliding window, a node's window ends at its own position (context + depth), as on that chain."""
     if path == "kernel" and not kernels.available():
         pytest.skip("no block kernels")
     if path == "split":
@@ -108,7 +110,7 @@ def test_tree_spans_attend_to_their_ancestors_only(path, parents, q_tree, monkey
     meta = AttentionMetadata.build(q_lens, kv_lens, tables, BS, torch.device("cpu"), mode=mode,
                                    span_parents=[None, parents])
     assert meta.use_paged_kernel == (path == "kernel")
-    ours = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, D ** -0.5)
+    ours = paged_attention(q, k_new, v_new, k_cache, v_cache, meta, D ** -0.5, window)
 
     L = len(parents)
     ctx = kv_lens[1] - L
@@ -119,6 +121,8 @@ def test_tree_spans_attend_to_their_ancestors_only(path, parents, q_tree, monkey
             a = parents[a]
         path_rows = path_rows[::-1]  # tree rows from the top down to r
         slots = torch.tensor([_slot(tables[1], p) for p in range(ctx)] + [_slot(tables[1], ctx + a) for a in path_rows])
+        if window:
+            slots = slots[-window:]
         keys = k_cache[slots].repeat_interleave(H // HKV, dim=1)
         vals = v_cache[slots].repeat_interleave(H // HKV, dim=1)
         row = q_lens[0] + r - (L - q_tree)
@@ -135,7 +139,7 @@ def test_tree_spans_attend_to_their_ancestors_only(path, parents, q_tree, monkey
             assert torch.equal(got[0], ours[row])
     # the chain beside it is untouched by the tree: same as in a batch of its own
     alone = AttentionMetadata.build(q_lens[:1], kv_lens[:1], tables[:1], BS, torch.device("cpu"), mode=mode)
-    torch.testing.assert_close(paged_attention(q[:3], k_new[:3], v_new[:3], k_cache, v_cache, alone, D ** -0.5),
+    torch.testing.assert_close(paged_attention(q[:3], k_new[:3], v_new[:3], k_cache, v_cache, alone, D ** -0.5, window),
                                ours[:3], rtol=1e-5, atol=1e-5)
 
 
