@@ -24,8 +24,8 @@ class LLM:
     dtype: "auto" (float32; on CPU with GGUF block kernels), "float32", "bfloat16", "float16" (CUDA)
     speculative: None (regular decoding) or {"method": "draft" | "lookup", "draft_len": "auto" | K,
         "policy": "bass" | "fixed" | "threshold", "attention": "split" | "pad", "draft_model": PATH}
-        (see SpeculativeConfig). The output is the same as without it: greedy token for token, sampling
-        in distribution.
+        (see SpeculativeConfig). The output is the same as without it: greedy and seeded sampling token
+        for token (sampling/seeded.py), unseeded sampling in distribution.
     guided_fast_forward: append the tokens a request's grammar forces without sampling (SamplingParams
         guided_json / guided_regex / guided_choice / guided_grammar; the same output either way).
     prefill_chunk: prompt tokens per step beside the running decodes (SARATHI): "auto" (measured when
