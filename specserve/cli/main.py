@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -9,9 +10,9 @@ import threading
 import time
 import warnings
 
-from ..config import DTYPES, SpeculativeConfig
+from ..config import DTYPES, LoadConfig, SpeculativeConfig
 from ..registry import ATTENTION, DRAFTERS, MODELS, POLICIES, SHAPES
-from .args import positive_float, positive_int, temperature, top_p
+from .args import add_dataclass_args, positive_float, positive_int, temperature, top_p
 
 
 def _model_path(s: str) -> str:
@@ -51,6 +52,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="compute every prompt in full (default: reuse the KV blocks of a prefix computed before)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="on CUDA, run every step eagerly (default: decode and verify steps replay CUDA graphs)")
+    add_dataclass_args(p, LoadConfig, LOAD_HELP)
+
+
+LOAD_HELP = {"check_tensors": "read every tensor for NaN/Inf block scales and values before serving (as llama.cpp's)",
+             "check_memory": "refuse a model whose weights + KV cache exceed the memory available (default: on)"}
+
+
+def load_from_args(args) -> dict:
+    """LLM(...)'s LoadConfig keywords from the flags add_dataclass_args made."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(LoadConfig)}
 
 
 def add_spec_args(p: argparse.ArgumentParser, default: str = "none") -> None:
@@ -325,7 +336,7 @@ def cmd_generate(args) -> int:
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
               kv_cache_gib=args.kv_cache_gib, speculative=spec_from_args(args), guided_fast_forward=args.fast_forward,
               enable_prefix_caching=args.enable_prefix_caching, prefill_chunk=args.prefill_chunk,
-              cuda_graphs=args.cuda_graphs)
+              cuda_graphs=args.cuda_graphs, **load_from_args(args))
     pieces: dict[int, list[str]] = {}
 
     def on_text(_, sample, delta, finished):
@@ -408,7 +419,7 @@ def _run(args) -> int:
         return cmd_serve(args, dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
                                     kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.max_num_seqs,
                                     speculative=spec_from_args(args), enable_prefix_caching=args.enable_prefix_caching,
-                                    prefill_chunk=args.prefill_chunk, cuda_graphs=args.cuda_graphs))
+                                    prefill_chunk=args.prefill_chunk, cuda_graphs=args.cuda_graphs, **load_from_args(args)))
     if args.command == "plan":
         from .plan import cmd_plan
         return cmd_plan(args)

@@ -6,7 +6,7 @@ from typing import Callable, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
-from ..config import CacheConfig, EngineConfig, GuidedConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
+from ..config import CacheConfig, EngineConfig, GuidedConfig, LoadConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from ..types import CompletionOutput, Request, RequestOutput, SamplingParams
 from .llm_engine import LLMEngine
 from .nbest import pick
@@ -24,14 +24,16 @@ class LLM:
     dtype: "auto" (float32; on CPU with GGUF block kernels), "float32", "bfloat16", "float16" (CUDA)
     speculative: None (regular decoding) or {"method": "draft" | "lookup", "draft_len": "auto" | K,
         "policy": "bass" | "fixed" | "threshold", "attention": "split" | "pad", "draft_model": PATH}
-        (see SpeculativeConfig). The output is the same as without it: greedy token for token, sampling
-        in distribution.
+        (see SpeculativeConfig). The output is the same as without it: greedy and seeded sampling token
+        for token (sampling/seeded.py), unseeded sampling in distribution.
     guided_fast_forward: append the tokens a request's grammar forces without sampling (SamplingParams
         guided_json / guided_regex / guided_choice / guided_grammar; the same output either way).
     prefill_chunk: prompt tokens per step beside the running decodes (SARATHI): "auto" (measured when
         the engine starts), a number, or None (whole prompts up to max_num_batched_tokens a step).
     enable_prefix_caching: a prompt starting with tokens an earlier request computed (a system prompt,
         earlier chat turns) reuses their KV blocks instead of prefilling them (the same output either way).
+    check_tensors: read every tensor for NaN/Inf scales and values first; check_memory: refuse a model
+        whose weights and KV cache exceed the memory available (see LoadConfig).
     """
 
     def __init__(self, model: Optional[str] = None, dtype: str = "auto", device: str = "cpu",
@@ -39,10 +41,12 @@ class LLM:
                  block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: Optional[int] = None, speculative: Union[dict, str, SpeculativeConfig, None] = None,
                  guided_fast_forward: bool = True, enable_prefix_caching: bool = True,
-                 prefill_chunk: Union[int, str, None] = "auto", cuda_graphs: bool = True):
+                 prefill_chunk: Union[int, str, None] = "auto", cuda_graphs: bool = True,
+                 check_tensors: bool = False, check_memory: bool = True):
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, device=device, block_kernels=block_kernels,
                               num_threads=num_threads, cuda_graphs=cuda_graphs),
+            load=LoadConfig(check_tensors=check_tensors, check_memory=check_memory),
             cache=CacheConfig(block_size=block_size, kv_cache_gib=kv_cache_gib, enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len, prefill_chunk=prefill_chunk),

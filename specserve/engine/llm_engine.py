@@ -14,6 +14,7 @@ from ..drafters import DrafterContext, TreeShape, build_drafter
 from ..kv.block_manager import BlockManager
 from ..kv.cache import KVCache
 from ..loading import IncrementalDetokenizer, load_model_files
+from ..loading.validate import validate_loaded
 from ..models import build_model
 from ..sampling.sampler import make_generator, sample, token_logprobs
 from ..scheduler.scheduler import ScheduledRequest, Scheduler
@@ -58,15 +59,16 @@ class LLMEngine:
         if self.max_model_len > self.arch.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's context "
                              f"({self.arch.max_position_embeddings} tokens)")
+        cc = config.cache
+        per_block = KVCache.bytes_per_block(self.arch.num_hidden_layers, cc.block_size, self.arch.num_key_value_heads,
+                                            self.arch.head_dim, self.dtype)
+        num_blocks = cc.num_blocks or max(1, int(cc.kv_cache_gib * 2**30) // per_block)
+        validate_loaded(self.model_path, self.arch, weights, config, self.dtype, num_blocks * per_block, self.max_model_len)
         self.model = build_model(self.arch, weights, self.dtype, self.device, use_blocks=mc.block_kernels,
                                  max_len=self.max_model_len)
         del weights
         self.load_time = time.perf_counter() - t0
 
-        cc = config.cache
-        per_block = KVCache.bytes_per_block(self.arch.num_hidden_layers, cc.block_size, self.arch.num_key_value_heads,
-                                            self.arch.head_dim, self.dtype)
-        num_blocks = cc.num_blocks or max(1, int(cc.kv_cache_gib * 2**30) // per_block)
         self.kv = KVCache(self.arch.num_hidden_layers, num_blocks, cc.block_size, self.arch.num_key_value_heads,
                           self.arch.head_dim, self.dtype, self.device)
         spec_config = config.speculative

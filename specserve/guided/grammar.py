@@ -26,7 +26,9 @@ def grammar_text(kind: str, value) -> str:
     below), or a one-line ValueError."""
     try:
         return GUIDED.get(kind)(value)
-    except ValueError as e:
+    except (TypeError, AttributeError, ImportError, NameError):
+        raise  # our bug, not the request's (a 500 that says so)
+    except Exception as e:  # llguidance's parse errors are plain Exceptions and GbnfToLarkError, not ValueError
         raise ValueError(f"guided_{kind}: {_one_line(e)}") from None
 
 
@@ -81,6 +83,8 @@ class GrammarCompiler:
         if self._lltok is None:
             import llguidance
             t = self.tokenizer
+            if not t.eos_token_ids:  # a grammar ends by allowing only EOS
+                raise ValueError("guided generation needs a model whose tokenizer has an end-of-sequence token")
             self._lltok = llguidance.LLTokenizer(t.backend.to_str(), n_vocab=t.vocab_size, eos_token=t.eos_token_ids[0])
         return self._lltok
 

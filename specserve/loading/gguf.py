@@ -15,6 +15,7 @@ from ..registry import ARCHITECTURES
 from .gguf_file import GGUFFile
 from .quants import dequantize
 from .tokenizer import Tokenizer
+from .validate import check_gguf_fields
 from .weights import ModelArch, QuantizedWeight
 
 _LAYER_NAMES = {
@@ -125,6 +126,7 @@ def _canonical(tensor_name: str) -> str | None:
 def load_gguf(path: str, keep_quantized: bool = True):
     """Returns (arch, weights: {canonical name: Tensor | QuantizedWeight}, tokenizer)."""
     g = GGUFFile(path)
+    check_gguf_fields(g.fields, path, len(g.tensors))
     arch = _arch_from_fields(g.fields, path, set(g.tensors))
     tokenizer = Tokenizer.from_gguf_fields(g.fields, path)
     expected = expected_shapes(arch)

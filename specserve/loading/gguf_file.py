@@ -12,6 +12,7 @@ then the data, aligned to `general.alignment` (32 by default).
 """
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -120,7 +121,9 @@ class GGUFFile:
             dims = [r.scalar(10) for _ in range(n_dims)]
             type_id, offset = r.scalar(4), r.scalar(10)
             infos.append((name, dims, type_id, offset))
-        align = int(self.fields.get("general.alignment", 32))
+        align = self.fields.get("general.alignment", 32)
+        if isinstance(align, bool) or not isinstance(align, int) or not 1 <= align <= 1 << 30:
+            r.fail(f"general.alignment is {align!r}, not a whole number of bytes in [1, 2^30]: a corrupted header")
         data_start = (r.pos + align - 1) // align * align
         self.tensors: dict[str, TensorInfo] = {}
         for name, dims, type_id, offset in infos:
@@ -133,7 +136,7 @@ class GGUFFile:
             shape = tuple(int(d) for d in reversed(dims))
             if dims and dims[0] % elems:
                 r.fail(f"tensor {name}: a row of {dims[0]} elements is not a whole number of {type_name} blocks")
-            nbytes = int(np.prod(shape, dtype=np.int64)) // elems * block_bytes
+            nbytes = math.prod(shape) // elems * block_bytes  # Python ints: corrupted dims must not wrap
             start = data_start + offset
             if start + nbytes > r.size:
                 r.fail(f"truncated: tensor {name} needs bytes up to {start + nbytes}, the file has {r.size}")

@@ -26,6 +26,7 @@ import torch
 from ..drafters.base import Drafter, Proposal, TreeShape
 from ..sampling.rejection import rejection_sample, verify_greedy
 from ..sampling.sampler import warp_logits
+from ..sampling.seeded import verify_by_sampling
 from ..sampling.tree import children_table, verify_tree, verify_tree_greedy
 from ..types import Draft, Request, RequestStatus, TokenOrigin
 from .choice import SequenceChoice
@@ -91,12 +92,10 @@ class SpeculativeDecoder:
         self.shape, self.tree = (shape if drafter.makes_trees else "chain"), tree or TreeShape()
         self.explore_every, self._auto_steps = explore_every, 0
         self.policy = make_policy()  # shared by the batch, as BASS adapts one length for all
-        # A seeded sampled request gets a policy of its own, and its fallback looks only at its own
-        # acceptance and the start-up calibration at the batch of its own samples: its draft lengths,
-        # and so its random draws, then depend on its own tokens and parameters (not on the batch's
-        # other requests or on live timings), and the seed
-        # reproduces it within one LLM (another LLM's calibration may choose other lengths: the same
-        # distribution, other draws; fallback=False makes it identical across instances too).
+        # A seeded sampled request's output does not depend on its drafts at all (verify: sampling/
+        # seeded.py). It still gets a policy of its own, and its fallback looks only at its own
+        # acceptance and the start-up calibration at the batch of its own samples, so that what it
+        # drafts, and costs, does not swing with the batch's other requests or live timings.
         self.own_policies: dict[str, DraftLengthPolicy] = {}
         # A weak prior so the first steps already weigh drafting against plain decoding.
         self.costs = CostModel(prior_alpha=prior_alpha)
@@ -284,8 +283,14 @@ class SpeculativeDecoder:
         drafts = [r.draft for r in requests]
         emitted: list[list[int]] = [[] for _ in requests]
         paths: list[list[int]] = [[] for _ in requests]  # accepted draft tokens (indices)
-        chains = [i for i, d in enumerate(drafts) if not d.is_tree]
-        trees = [i for i, d in enumerate(drafts) if d.is_tree]
+        # seeded sampled requests draw the target's own tokens and follow their draft while it matches
+        # (sampling/seeded.py): their output is regular decoding's for the seed, whatever was drafted
+        seeded = [i for i, r in enumerate(requests) if self._seeded(r)]
+        for i in seeded:
+            paths[i], nxt = verify_by_sampling(logits[i], drafts[i], requests[i].params, generators[i])
+            emitted[i] = [drafts[i].tokens[j] for j in paths[i]] + [nxt]
+        chains = [i for i, d in enumerate(drafts) if not d.is_tree and not self._seeded(requests[i])]
+        trees = [i for i, d in enumerate(drafts) if d.is_tree and not self._seeded(requests[i])]
         greedy = [i for i in chains if requests[i].params.greedy]
         sampled = [i for i in chains if not requests[i].params.greedy]
         if greedy:
