@@ -156,21 +156,49 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[dict]) -> torch
 
 
 class Rotary:
-    """cos/sin tables for every position up to max_len, looked up by each token's position."""
+    """cos/sin tables for every position up to max_len, looked up by each token's position.
+
+    On CPU the tables grow (doubling) to the highest position asked for, so a 32k-context model
+    does not hold 32k rows it may never use (Gemma 3: 64 MB per table at D = 256). A row, once
+    computed, never changes: a position gets the same bits in every step."""
+
+    FIRST_ROWS = 4096
 
     def __init__(self, head_dim: int, theta: float, scaling: Optional[dict], max_len: int,
                  freq_factors: Optional[torch.Tensor], device: torch.device):
         inv_freq = rope_inv_freq(head_dim, theta, scaling)
         if freq_factors is not None:  # GGUF llama3 files ship the scaling as per-frequency divisors
             inv_freq = inv_freq / freq_factors.float()
-        freqs = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [max_len, head_dim]
-        self.cos = emb.cos().to(device)
-        self.sin = emb.sin().to(device)
+        self.inv_freq, self.max_len, self.device = inv_freq, max_len, torch.device(device)
+        self._cos = self._sin = torch.empty(0, head_dim, device=device)
+        # the CUDA path looks rows up inside graphs: it gets every row at once
+        self._grow(max_len if self.device.type != "cpu" else min(max_len, self.FIRST_ROWS))
+
+    def _grow(self, rows: int):
+        have = self._cos.shape[0]
+        if rows <= have:
+            return
+        rows = min(self.max_len, max(rows, 2 * have))
+        freqs = torch.arange(have, rows, dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [rows - have, head_dim]
+        self._cos = torch.cat([self._cos, emb.cos().to(self.device)])
+        self._sin = torch.cat([self._sin, emb.sin().to(self.device)])
+
+    @property
+    def cos(self) -> torch.Tensor:  # [max_len, D]
+        self._grow(self.max_len)
+        return self._cos
+
+    @property
+    def sin(self) -> torch.Tensor:  # [max_len, D]
+        self._grow(self.max_len)
+        return self._sin
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, D] for the step's token positions (looked up once, used by every layer)."""
-        return self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+        if self.device.type == "cpu" and positions.numel():
+            self._grow(int(positions.max()) + 1)
+        return self._cos.index_select(0, positions), self._sin.index_select(0, positions)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
