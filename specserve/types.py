@@ -61,6 +61,10 @@ class SamplingParams:
     # holds those finished by then (if none did, the stopped ones, finish_reason "deadline").
     best_of: Optional[int] = None
     best_of_deadline_s: Optional[float] = None
+    # OpenAI's logit_bias: {token id: bias in [-100, 100]} added to every logits row of the request
+    # before greedy choice, sampling and verification of drafts (so speculation stays lossless against
+    # the biased distribution; log-probabilities are of it too, as with the guided masks).
+    logit_bias: Optional[dict[int, float]] = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -118,8 +122,13 @@ class SamplingParams:
         if self.guided_choice is not None and (isinstance(self.guided_choice, str) or not self.guided_choice
                                                or not all(isinstance(c, str) and c for c in self.guided_choice)):
             raise ValueError(f"guided_choice must be a non-empty list of non-empty strings, got {self.guided_choice!r}")
-        if not isinstance(self.guided_json_object, bool):
-            raise ValueError(f"guided_json_object must be True or False, got {self.guided_json_object!r}")
+        for k in ("guided_json_object", "ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, k), bool):  # "no" would read as True
+                raise ValueError(f"{k} must be True or False, got {getattr(self, k)!r}")
+        if self.logit_bias is not None and (
+                not isinstance(self.logit_bias, dict) or not all(_is_int(t) and t >= 0 for t in self.logit_bias)
+                or not all(_is_real(v) and -100 <= v <= 100 for v in self.logit_bias.values())):
+            raise ValueError(f"logit_bias must map token ids (integers >= 0) to numbers in [-100, 100], got {self.logit_bias!r}"[:300])
 
     def guided(self) -> Optional[tuple[str, object]]:
         """(kind, constraint) as registry.GUIDED names it, or None."""

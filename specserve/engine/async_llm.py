@@ -20,9 +20,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional, Union
 
+import torch
+
 from ..registry import MODELS
 from ..types import Request, SamplingParams, StreamDelta
-from .llm import LLM
+from .llm import LLM, prompt_token_ids
 from .nbest import pick
 
 Prompt = Union[str, list[int]]
@@ -37,7 +39,7 @@ class EngineStats:
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     steps: int = 0
-    threads: int = 0  # CPU threads the last step used (engine/threads.py)
+    threads: int = 0  # CPU threads the last step used (engine/threads.py; the pinned count without its governor)
     spec: Optional[dict] = None  # LLM.spec_stats(): acceptance by position, tokens per step, speculating
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of which found (their prefill skipped)
@@ -102,7 +104,9 @@ class AsyncLLM:
 
     # --- callers' side ------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
-        return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        """A prompt's token ids (a TypeError for anything but a string or a list of ints). Holds the GIL
+        only briefly (the tokenizer releases it), so a server can run it in a thread for long prompts."""
+        return prompt_token_ids(self.tokenizer, prompt)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """A conversation ([{"role", "content"}]) through the model's chat template, as LLM.chat does."""
@@ -260,5 +264,6 @@ class AsyncLLM:
         self.stats = EngineStats(
             waiting=len(eng.scheduler.waiting), running=len(eng.scheduler.running),
             kv_blocks_used=bm.num_blocks - bm.num_free_blocks, kv_blocks_total=bm.num_blocks,
-            steps=self.stats.steps + stepped,  # idle wake-ups are not steps threads=eng.threads.threads if eng.threads is not None else 0,
+            steps=self.stats.steps + stepped,  # idle wake-ups are not steps
+            threads=eng.threads.threads if eng.threads is not None else torch.get_num_threads(),
             spec=spec, prefix_cache_queries=eng.scheduler.prefix_queries, prefix_cache_hits=eng.scheduler.prefix_hits)

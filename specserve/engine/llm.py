@@ -1,6 +1,7 @@
 """The public API, in the style of vLLM: LLM(...).generate(prompts, SamplingParams(...))."""
 from __future__ import annotations
 
+import numbers
 import threading
 from typing import Callable, Optional, Sequence, Union
 
@@ -12,6 +13,18 @@ from .llm_engine import LLMEngine
 from .nbest import pick
 
 Prompt = Union[str, list[int]]
+
+
+def prompt_token_ids(tokenizer, prompt) -> list[int]:
+    """A prompt's token ids: a string is tokenised, a list (or tuple) of integers taken as they are;
+    anything else is a TypeError (bytes would otherwise read as token ids, None as nothing)."""
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    what = type(prompt).__name__ if not isinstance(prompt, (list, tuple)) else \
+        f"a list holding {type(next(t for t in prompt if not isinstance(t, numbers.Integral) or isinstance(t, bool))).__name__}"
+    raise TypeError(f"a prompt must be a string or a list of token ids (integers), got {what}")
 # on_text(prompt index, sample index, new text, finished)
 TextCallback = Callable[[int, int, str, bool], None]
 
@@ -71,8 +84,10 @@ class LLM:
                 self._owner = None
 
     def _generate(self, prompts, params, use_tqdm: bool, on_text: Optional[TextCallback]) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a string, a list of token ids, or a list of those; got {type(prompts).__name__}")
         prompts = list(prompts)
         params = params or SamplingParams()
         param_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
@@ -81,7 +96,7 @@ class LLM:
         # Everything is checked before anything is queued: a bad prompt late in the list leaves no work behind.
         ids_list, texts = [], []
         for prompt, p in zip(prompts, param_list):
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            ids = prompt_token_ids(self.tokenizer, prompt)
             self.engine.check_request(ids, p)
             ids_list.append(ids)
             texts.append(prompt if isinstance(prompt, str) else None)

@@ -16,6 +16,7 @@ from ..kv.cache import KVCache
 from ..loading import IncrementalDetokenizer, load_model_files
 from ..loading.validate import validate_loaded
 from ..models import build_model
+from ..sampling.bias import add_logit_bias
 from ..sampling.sampler import make_generator, sample, token_logprobs
 from ..scheduler.scheduler import ScheduledRequest, Scheduler
 from ..spec import SpeculativeDecoder, Verified, calibrate, make_policy
@@ -144,13 +145,15 @@ class LLMEngine:
         params.validate()  # again: fields may have been changed since construction
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
+        if len(prompt_token_ids) >= self.max_model_len:  # first: a huge prompt is refused without a pass over it
+            raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens; the model's context is {self.max_model_len}")
         if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt_token_ids):
             raise ValueError("prompt token ids must be integers")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens; the model's context is {self.max_model_len}")
         vocab = self.arch.vocab_size
         if max(prompt_token_ids) >= vocab or min(prompt_token_ids) < 0:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(f"logit_bias token id {max(params.logit_bias)} is not in the vocabulary [0, {vocab})")
         # Admission: one sample's whole sequence (prompt + max_tokens, capped at the context) must fit in
         # the cache, or it would fail midway with its output lost.
         bm = self.scheduler.blocks
@@ -245,6 +248,10 @@ class LLMEngine:
         # every guide starts at the grammar's start)
         if spans:
             self.guided.mask_rows(out.logits, spans)
+        biased = [(rows.logits, s.request.params.logit_bias) for s, rows in out
+                  if rows.logits is not None and s.request.params.logit_bias]
+        if biased:  # every row, a verify span's too: drafts are verified against the biased distribution
+            add_logit_bias(out.logits, biased)
         verified: dict[str, Verified] = {}  # by request id
         if verifiers:
             reqs = [s.request for s, _ in verifiers]

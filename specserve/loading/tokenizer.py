@@ -185,7 +185,9 @@ class Tokenizer:
 
     # --- use ----------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch of one: the same ids, but it lets go of the GIL while it works (encode holds it,
+        # ~2.5 s for 4 MB of text), so a server tokenising in a thread keeps answering meanwhile
+        ids = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             if not ids or ids[0] != self.bos_token_id:
                 ids = [self.bos_token_id] + ids

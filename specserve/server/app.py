@@ -5,9 +5,10 @@ the answer streaming in coloured by token origin, live figures). Built on the pu
 
     specserve serve --port 8000            then: OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="-")
 
-Every failure is an OpenAI error object with its status: 400 bad request (malformed JSON included),
-401 missing/wrong API key, 404 unknown model or route, 413 body too large, 429 too many requests in
-flight. A client that goes away (streaming or not) has its requests aborted at once.
+Every failure is an OpenAI error object with its status: 400 bad request (malformed JSON and HTTP
+included, a Host not allowed), 401 missing/wrong API key, 404 unknown model or route, 405 wrong
+method (with Allow), 413 body too large, 429 too many requests in flight. A client that goes away
+(streaming or not) has its requests aborted at once.
 """
 from __future__ import annotations
 
@@ -21,61 +22,18 @@ from typing import AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..origins import OriginRuns
 from ..types import SamplingParams, StreamDelta
 from .config import ServerConfig
+from .errors import ApiError, document_errors, error_response
+from .limits import BodyLimit, InFlight, SlotStreamingResponse
 from .metrics import ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest, error_body
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: Optional[str] = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param = status, message, type_, param
-
-
-def _error(status: int, message: str, type_: str, param: Optional[str] = None) -> JSONResponse:
-    return JSONResponse(error_body(message, type_, status, param), status_code=status)
-
-
-class _Limits:
-    """Pure ASGI middleware: body size (413) and API key (401) before any parsing."""
-
-    def __init__(self, app, cfg: ServerConfig, metrics: ServerMetrics):
-        self.app, self.cfg, self.metrics = app, cfg, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path = scope.get("path", "")
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.cfg.api_key and path.startswith("/v1/"):
-            if headers.get("authorization", "") != f"Bearer {self.cfg.api_key}":
-                self.metrics.errors.labels("401").inc()
-                return await _error(401, "missing or wrong API key (Authorization: Bearer KEY)",
-                                    "authentication_error")(scope, receive, send)
-        declared = headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.cfg.max_body_bytes):
-            self.metrics.errors.labels("413").inc()
-            return await _error(413, f"request body over {self.cfg.max_body_bytes} bytes", "invalid_request_error")(
-                scope, receive, send)
-        seen = 0
-        limit = self.cfg.max_body_bytes
-
-        async def counted():  # chunked bodies declare no length: count as they arrive
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > limit:
-                    raise ApiError(413, f"request body over {limit} bytes")
-            return msg
-
-        return await self.app(scope, counted, send)
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .security import Guard, allowed_hosts, api_key
 
 
 def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
@@ -83,14 +41,16 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
     cfg = cfg or ServerConfig()
     metrics = ServerMetrics(llm)
     model_name = cfg.served_model_name or llm.model_name
+    key, hosts = api_key(cfg), allowed_hosts(cfg)  # a bad --api-key-file fails here, before serving
     app = FastAPI(title="specserve", version="0.1.0")
     app.state.llm, app.state.cfg, app.state.metrics = llm, cfg, metrics
-    in_flight = 0
+    in_flight = InFlight(cfg.max_concurrent_requests)
+    document_errors(app)
 
     @app.exception_handler(ApiError)
     async def _api_error(_, e: ApiError):
         metrics.errors.labels(str(e.status)).inc()
-        return _error(e.status, e.message, e.type, e.param)
+        return error_response(e.status, e.message, e.type, e.param, e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_, e: RequestValidationError):
@@ -99,19 +59,19 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
         first = errs[0] if errs else {}
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         if first.get("type") == "json_invalid":
-            return _error(400, "the request body is not valid JSON", "invalid_request_error")
-        return _error(400, f"{where or 'body'}: {first.get('msg', 'invalid')}", "invalid_request_error", where or None)
+            return error_response(400, "the request body is not valid JSON")
+        return error_response(400, f"{where or 'body'}: {first.get('msg', 'invalid')}", param=where or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_, e: StarletteHTTPException):
         metrics.errors.labels(str(e.status_code)).inc()
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return _error(e.status_code, str(e.detail), kind)
+        return error_response(e.status_code, str(e.detail), kind, headers=e.headers)  # a 405's Allow
 
     @app.exception_handler(Exception)
     async def _unexpected(_, e: Exception):
         metrics.errors.labels("500").inc()
-        return _error(500, f"internal error: {type(e).__name__}: {str(e)[:200]}", "internal_server_error")
+        return error_response(500, f"internal error: {type(e).__name__}: {str(e)[:200]}", "internal_server_error")
 
     with open(os.path.join(os.path.dirname(__file__), "playground.html"), encoding="utf-8") as f:
         playground = f.read()
@@ -128,10 +88,20 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
     async def prometheus():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def model_card() -> dict:
+        return {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "specserve",
+                "max_model_len": llm.max_model_len}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "specserve", "max_model_len": llm.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")  # :path: names with a slash (org/model), as vLLM serves them
+    async def model(model_id: str):
+        if model_id != model_name:
+            raise ApiError(404, f"the model `{model_id}` does not exist (this server serves `{model_name}`)",
+                           "not_found_error", "model")
+        return model_card()
 
     @functools.lru_cache(maxsize=65536)
     def token_text(tid: int) -> str:
@@ -143,7 +113,7 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
                            "not_found_error", "model")
         why = body.unsupported()
         if why:
-            raise ApiError(400, why)
+            raise ApiError(400, why[0], param=why[1])
         if not 1 <= body.n <= cfg.max_n:
             raise ApiError(400, f"n must be in [1, {cfg.max_n}], got {body.n}", param="n")
         if body.best_of is not None and not body.n <= body.best_of <= cfg.max_n:
@@ -153,34 +123,56 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
         try:
             logprobs = body.logprobs_param()
             longest = max(len(p) for p in prompts_ids)
-            default = 16 if isinstance(body, CompletionRequest) else max(1, llm.max_model_len - longest)
+            room = llm.max_model_len - longest
+            # the rest of the context when not asked (chat, as vLLM), OpenAI's 16 for completions
+            default = max(1, min(16, room) if isinstance(body, CompletionRequest) else room)
             params = body.sampling_params(default, logprobs)
             for ids in prompts_ids:
                 llm.check(ids, params)
         except ValueError as e:
             raise ApiError(400, str(e).splitlines()[0]) from None
+        asked = body.asked_max_tokens()
+        if asked is not None and asked > room:  # as vLLM: refused, not silently cut at the context's end
+            raise ApiError(400, f"this model's maximum context length is {llm.max_model_len} tokens, but {longest + asked} "
+                                f"were requested ({longest} in the prompt, {asked} in the completion): lower max_tokens",
+                           param="max_tokens")
         return params
 
-    async def admitted(http: Request, streams, stream: bool, build, finish):
-        """Run the generation under the in-flight limit; a client gone mid-way aborts it."""
-        nonlocal in_flight
-        if in_flight >= cfg.max_concurrent_requests:
-            raise ApiError(429, f"{in_flight} requests in flight (the limit is {cfg.max_concurrent_requests}); retry later",
-                           "rate_limit_error")
+    def prepare(body, prompts) -> tuple[list[list[int]], SamplingParams]:
+        """Tokenise and check (run in a worker thread: a prompt of megabytes takes seconds)."""
+        if isinstance(body, ChatCompletionRequest):
+            try:
+                conv = [{"role": m.role, "content": m.text()} for m in body.messages]
+                ids = [llm.encode_chat(conv)]
+            except ValueError as e:
+                raise ApiError(400, f"messages: {str(e).splitlines()[0]}", param="messages") from None
+        else:
+            try:
+                ids = [llm.encode(p) for p in prompts]
+            except (TypeError, ValueError) as e:
+                raise ApiError(400, f"prompt: {e}", param="prompt") from None
+        return ids, make_params(body, ids)
+
+    async def admit_and_prepare(body, prompts=None):
+        """A slot in flight first (so a burst is refused before any work), then the prompt tokenised
+        off the event loop (the tokenizer releases the GIL: /health and other streams go on)."""
+        slot = in_flight.admit()
+        try:
+            ids, params = await asyncio.to_thread(prepare, body, prompts)
+        except BaseException:
+            slot.release()
+            raise
+        return slot, ids, params
+
+    async def respond(http: Request, slot, streams, stream: bool, build, finish):
+        """Run the admitted generation, its slot held until the response has been sent; a client gone
+        mid-way aborts it."""
         if stream:
             async def events():
-                # Counted from the first byte: a response never started (client gone before) never
-                # runs this generator, so counting earlier would leak a slot.
-                nonlocal in_flight
-                in_flight += 1
-                try:
-                    async for chunk in build(streams):
-                        yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
-                    yield "data: [DONE]\n\n"
-                finally:
-                    in_flight -= 1
-            return StreamingResponse(events(), media_type="text/event-stream")
-        in_flight += 1
+                async for chunk in build(streams):
+                    yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
+                yield "data: [DONE]\n\n"
+            return SlotStreamingResponse(events(), slot, media_type="text/event-stream")
         try:
             task = asyncio.ensure_future(finish(streams))
             while True:
@@ -191,7 +183,7 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
                     task.cancel()
                     return Response(status_code=499)
         finally:
-            in_flight -= 1
+            slot.release()
 
     async def merged(streams: list[AsyncIterator[StreamDelta]]) -> AsyncIterator[tuple[int, StreamDelta]]:
         """(prompt index, delta) from every prompt's stream as they come; closing it closes them all."""
@@ -287,11 +279,7 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
         prompts = body.prompts()
         if not 1 <= len(prompts) <= cfg.max_prompts:
             raise ApiError(400, f"prompt must hold 1 to {cfg.max_prompts} prompts", param="prompt")
-        try:
-            ids = [llm.encode(p) for p in prompts]
-        except (TypeError, ValueError) as e:
-            raise ApiError(400, f"prompt: {e}", param="prompt") from None
-        params = make_params(body, ids)
+        slot, ids, params = await admit_and_prepare(body, prompts)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         n = params.n
         streams = [llm.generate(p, params) for p in ids]
@@ -339,7 +327,7 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
             tr.done()
             return {**head, "choices": [choices[i] for i in sorted(choices)], "usage": usage(tr.tokens)}
 
-        return await admitted(http, streams, body.stream, build, finish)
+        return await respond(http, slot, streams, body.stream, build, finish)
 
     # --- /v1/chat/completions -------------------------------------------------------------------
     def chat_logprobs(d: StreamDelta) -> Optional[dict]:
@@ -357,12 +345,7 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, http: Request):
         check_common(body)
-        try:
-            conv = [{"role": m.role, "content": m.text()} for m in body.messages]
-            ids = llm.encode_chat(conv)
-        except ValueError as e:
-            raise ApiError(400, f"messages: {str(e).splitlines()[0]}", param="messages") from None
-        params = make_params(body, [ids])
+        slot, (ids,), params = await admit_and_prepare(body)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         streams = [llm.generate(ids, params)]
         usage = lambda done: {"prompt_tokens": len(ids), "completion_tokens": done,  # noqa: E731
@@ -405,6 +388,7 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
             return {**head, "object": "chat.completion", "choices": [choices[i] for i in sorted(choices)],
                     "usage": usage(tr.tokens)}
 
-        return await admitted(http, streams, body.stream, build, finish)
+        return await respond(http, slot, streams, body.stream, build, finish)
 
-    return _Limits(app, cfg, metrics)
+    on_error = lambda status: metrics.errors.labels(str(status)).inc()  # noqa: E731
+    return Guard(BodyLimit(app, cfg.max_body_bytes, on_error), key, hosts, on_error)

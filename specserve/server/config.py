@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+API_KEY_ENV = "SPECSERVE_API_KEY"  # the API key from the environment (server/security.py)
+
 
 @dataclass
 class ServerConfig:
@@ -11,7 +13,9 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: Optional[str] = None  # required as "Authorization: Bearer KEY" on /v1/* when set
+    api_key: Optional[str] = None  # required as "Authorization: Bearer KEY" on /v1/* and the docs when set
+    api_key_file: Optional[str] = None  # the key from a file's first line (unlike the flag, not shown by `ps`)
+    allowed_hosts: Optional[str] = None  # Host header names answered, "a,b" or "*"; default: loopback names on loopback
     served_model_name: Optional[str] = None  # default: the model file's name
     max_concurrent_requests: int = 256  # HTTP requests generating at once; past it: 429
     max_n: int = 16  # samples per prompt

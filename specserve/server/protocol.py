@@ -2,7 +2,8 @@
 
 Fields follow OpenAI's API; `top_k` and `ignore_eos` are extras, as in vLLM. Unknown fields are
 ignored (clients send `user`, `frequency_penalty` = 0 and the like); values this engine cannot honour
-(penalties other than 0, tools, streaming best_of) get a 400 that says so.
+(penalties other than 0, tools, streaming best_of, chat-only parameters on /v1/completions) get a 400
+that names the parameter.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class _Common(BaseModel):
     speculative: Optional[bool] = None  # extra: false = never draft for this request (same tokens either way)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: Optional[dict[str, float]] = None  # {"token id": bias in [-100, 100]}, added to the logits
     # guided generation, extras as in vLLM (the chat endpoint's response_format maps onto these)
     guided_json: Union[dict[str, Any], str, None] = None
     guided_regex: Optional[str] = None
@@ -48,12 +50,30 @@ class _Common(BaseModel):
     # target, draft, lookup, ...) and "origin_runs", [[text, origin], ...] (the playground colours them)
     return_origins: bool = False
 
-    def unsupported(self) -> Optional[str]:
-        if self.presence_penalty or self.frequency_penalty:
-            return "presence_penalty and frequency_penalty are not supported (only 0)"
+    def unsupported(self) -> Optional[tuple[str, str]]:
+        """(one-line reason, the parameter) for a value this engine cannot honour, else None."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                return f"{name} is not supported (only 0)", name
         if self.stream and (self.best_of is not None or self.best_of_deadline_s is not None):
-            return "best_of and best_of_deadline_s cannot stream: the answer is chosen once every sample has finished"
+            return ("best_of and best_of_deadline_s cannot stream: the answer is chosen once every sample has finished",
+                    "best_of" if self.best_of is not None else "best_of_deadline_s")
         return None
+
+    def asked_max_tokens(self) -> Optional[int]:
+        return self.max_tokens
+
+    def token_biases(self) -> Optional[dict[int, float]]:
+        """logit_bias with token ids for keys (OpenAI sends them as strings)."""
+        if self.logit_bias is None:
+            return None
+        out = {}
+        for k, v in self.logit_bias.items():
+            try:
+                out[int(k)] = v
+            except ValueError:
+                raise ValueError(f"logit_bias keys must be token ids, got {k!r}") from None
+        return out
 
     def sampling_params(self, default_max_tokens: int, logprobs: Union[bool, int]) -> SamplingParams:
         """ValueError (one line) for values out of range, as SamplingParams validates them."""
@@ -62,7 +82,8 @@ class _Common(BaseModel):
             top_p=1.0 if self.top_p is None else self.top_p, top_k=-1 if self.top_k is None else self.top_k,
             max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens, seed=self.seed,
             stop=self.stop, ignore_eos=self.ignore_eos, logprobs=logprobs, speculative=self.speculative,
-            best_of=self.best_of, best_of_deadline_s=self.best_of_deadline_s, **self.guided())
+            best_of=self.best_of, best_of_deadline_s=self.best_of_deadline_s, logit_bias=self.token_biases(),
+            **self.guided())
 
     def guided(self) -> dict:
         return {k: getattr(self, k) for k in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
@@ -74,12 +95,24 @@ class CompletionRequest(_Common):
     logprobs: Optional[int] = None  # 0..5 in OpenAI's API (here up to MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: Optional[str] = None
+    # chat parameters: not part of /v1/completions, so refused by name rather than ignored as if honoured
+    tools: Optional[Any] = None
+    functions: Optional[Any] = None
+    tool_choice: Optional[Any] = None
+    parallel_tool_calls: Optional[Any] = None
+    response_format: Optional[Any] = None
 
-    def unsupported(self) -> Optional[str]:
+    def unsupported(self) -> Optional[tuple[str, str]]:
         if self.echo:
-            return "echo is not supported"
+            return "echo is not supported", "echo"
         if self.suffix:
-            return "suffix is not supported"
+            return "suffix is not supported", "suffix"
+        for name in ("tools", "functions", "tool_choice", "parallel_tool_calls"):
+            if getattr(self, name) is not None:
+                return f"{name} is not supported on /v1/completions", name
+        if self.response_format is not None:
+            return ("response_format is not supported on /v1/completions (use /v1/chat/completions, or guided_json here)",
+                    "response_format")
         return super().unsupported()
 
     def prompts(self) -> list[Union[str, list[int]]]:
@@ -121,14 +154,26 @@ class ChatCompletionRequest(_Common):
     top_logprobs: Optional[int] = None
     max_completion_tokens: Optional[int] = None
     tools: Optional[list[Any]] = None
+    functions: Optional[Any] = None  # OpenAI's deprecated form of tools
+    function_call: Optional[Any] = None
+    tool_choice: Optional[Any] = None
     response_format: Optional[dict[str, Any]] = None
 
-    def unsupported(self) -> Optional[str]:
+    def unsupported(self) -> Optional[tuple[str, str]]:
         if self.tools:
-            return "tools are not supported"
+            return "tools are not supported", "tools"
+        for name in ("functions", "function_call"):
+            if getattr(self, name) is not None:
+                return f"{name} is not supported", name
+        if self.tool_choice not in (None, "none", "auto"):  # without tools, "none" and "auto" both mean no call
+            return "tool_choice is not supported (no tools): only \"none\" or \"auto\"", "tool_choice"
         if self.response_format and self.response_format.get("type", "text") not in ("text", "json_object", "json_schema"):
-            return f"response_format type {self.response_format.get('type')!r} is not supported (text, json_object, json_schema)"
+            return (f"response_format type {self.response_format.get('type')!r} is not supported (text, json_object, json_schema)",
+                    "response_format")
         return super().unsupported()
+
+    def asked_max_tokens(self) -> Optional[int]:
+        return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
     def guided(self) -> dict:
         """response_format {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}

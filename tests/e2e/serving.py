@@ -8,7 +8,9 @@ import time
 def running(app, start_timeout: float = 60.0):
     """Serve `app` on 127.0.0.1 (a free port) while the block runs; yields the port."""
     import uvicorn
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+
+    from specserve.server.http import uvicorn_config
+    srv = uvicorn.Server(uvicorn_config(app, "127.0.0.1", 0, log_level="warning"))
     th = threading.Thread(target=srv.run, daemon=True)
     th.start()
     deadline = time.time() + start_timeout

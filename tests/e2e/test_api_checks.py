@@ -1,0 +1,43 @@
+"""The Python API refuses what it would otherwise misread (issue 36): prompts that are neither a string
+nor token ids, non-bool flags; and logit_bias stays lossless under speculative decoding (greedy output
+token-identical to regular decoding with the same bias)."""
+import pytest
+
+from specserve import LLM, SamplingParams
+
+
+@pytest.mark.parametrize("prompts, words", [(None, "NoneType"), (5, "int"), (b"hi", "bytes"), ([b"a"], "bytes"),
+                                            (["ok", 3.5], "float"), ([[1, "2"]], "str"), ([True, False], "bool")])
+def test_prompts_of_the_wrong_type_are_refused_with_a_message(embedded_llm, prompts, words):
+    with pytest.raises(TypeError, match="prompt") as e:
+        embedded_llm.generate(prompts, SamplingParams(max_tokens=1))
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("field", ["ignore_eos", "skip_special_tokens"])
+def test_flags_must_be_bools(field):
+    with pytest.raises(ValueError, match=f"{field} must be True or False"):
+        SamplingParams(**{field: "no"})
+
+
+@pytest.mark.parametrize("bias", [{-1: 1.0}, {1: 100.5}, {1: float("nan")}, {"1": 1.0}, [(1, 1.0)]])
+def test_bad_logit_bias_is_refused(bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)
+
+
+@pytest.mark.parametrize("method", ["lookup", "draft"])
+def test_logit_bias_is_lossless_under_speculation(embedded_llm, method):
+    """The bias is added to every row of a verify span, so drafts are checked against the biased
+    distribution: greedy output equals regular decoding's with the bias, and drafts were accepted
+    (the EAGLE draft knows nothing of the bias: its drafts of banned tokens are rejected)."""
+    prompt = "def fibonacci(n):\n    "
+    plain = embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40))[0].outputs[0].token_ids
+    banned = sorted(set(plain[:6]))  # steer away from the unbiased answer's first tokens
+    greedy = SamplingParams(temperature=0, max_tokens=40, logit_bias={t: -100.0 for t in banned})
+    want = embedded_llm.generate(prompt, greedy)[0].outputs[0].token_ids
+    assert want != plain and not set(want) & set(banned)
+    spec = LLM(speculative=dict(method=method, fallback=False), kv_cache_gib=0.25)
+    got = spec.generate(prompt, greedy)[0].outputs[0]
+    assert got.token_ids == want
+    assert spec.spec_stats()["accepted"] > 0
