@@ -81,9 +81,9 @@ def test_a_streaming_burst_past_the_limit_gets_429s(llm, port):
         t.start()
     for t in threads:
         t.join(180)
-    assert sorted(statuses) == [200] * 4 + [429] * 12
-    assert all(e["type"] == "rate_limit_error" and e["code"] == 429 for e in errors)
-    assert idle_blocks(llm) == 0
+    assert sorted(statuses) == [200] * 4 + [429] * 12, statuses
+    assert all(e["type"] == "rate_limit_error" and e["code"] == 429 for e in errors), errors
+    assert idle_blocks(llm) == 0, llm.stats
     # the hung-up streams gave their slots back: a full set of 4 is admitted again
     again = []
     threads = [threading.Thread(target=lambda: again.append(raw(port, "POST", "/v1/completions",
