@@ -17,6 +17,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from . import chat_templates
+
 # Pre-tokenizer regexes by GGUF `tokenizer.ggml.pre` (as in llama.cpp's llama-vocab.cpp).
 _GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3_REGEX = (
@@ -148,7 +150,8 @@ class Tokenizer:
             special["bos_token"] = tokens[bos]
         if eos is not None:
             special["eos_token"] = tokens[eos]
-        return cls(backend, eos_ids, bos, add_bos, fields.get("tokenizer.chat_template"), special)
+        template = fields.get("tokenizer.chat_template") or chat_templates.BUILTIN.get(fields.get("general.architecture"))
+        return cls(backend, eos_ids, bos, add_bos, template, special)
 
     @classmethod
     def from_hf_dir(cls, path: str, eos_token_ids: Sequence[int], bos_token_id: Optional[int]) -> "Tokenizer":

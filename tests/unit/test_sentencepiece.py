@@ -76,3 +76,16 @@ def test_a_vocabulary_without_scores_is_refused_in_one_line():
     del fields["tokenizer.ggml.scores"]
     with pytest.raises(ValueError, match="t.gguf: a SentencePiece vocabulary needs a score per token"):
         Tokenizer.from_gguf_fields(fields, "t.gguf")
+
+
+def test_a_gemma_file_without_a_template_gets_gemmas_turns():
+    """As llama.cpp's built-in templates: no system role, the system text opens the first user turn."""
+    fields = vocab(BASE) | {"general.architecture": "gemma3"}
+    tok = Tokenizer.from_gguf_fields(fields, "t.gguf")
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi "},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
+    assert tok.apply_chat_template(chat) == (
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
+        "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    with pytest.raises(ValueError, match="no chat template"):  # other files without one still say so
+        Tokenizer.from_gguf_fields(vocab(BASE), "t.gguf").apply_chat_template(chat)
