@@ -184,6 +184,9 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_tokens or the context limit
     ABORT = "abort"  # LLMEngine.abort: the caller gave up on it (an exception, Ctrl-C, a client gone)
     DEADLINE = "deadline"  # SamplingParams.best_of_deadline_s passed before it finished
+    # its grammar reached a dead end: what it requires next has no spelling in the model's vocabulary
+    # (Request.error says what; as vLLM's "error" finish, only this request ends; the server answers 400)
+    ERROR = "error"
 
 
 class TokenOrigin(str, enum.Enum):
@@ -289,6 +292,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: Optional[FinishReason] = None
     stop_reason: Union[int, str, None] = None
+    error: Optional[str] = None  # finish_reason ERROR: why, in one line
     text: str = ""
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: Optional[float] = None
@@ -354,6 +358,7 @@ class CompletionOutput:
     drafted_per_step: Optional[list[int]] = None  # and drafts proposed
     origins: Optional[list[str]] = None  # per token, who proposed it: a TokenOrigin value ("target", "draft", ...)
     cumulative_logprob: Optional[float] = None  # the sum of the tokens' log-probabilities, where computed (vLLM's field)
+    error: Optional[str] = None  # finish_reason "error": why, in one line (the text is what came before)
 
 
 @dataclass(frozen=True)
@@ -366,8 +371,9 @@ class StreamDelta:
     logprobs: Optional[list[float]] = None  # theirs, where SamplingParams.logprobs asks
     top_logprobs: Optional[list[dict[int, float]]] = None  # logprobs=k: per new token, {id: logprob}
     origins: Optional[list[str]] = None  # per new token, who proposed it (TokenOrigin values)
-    finish_reason: Optional[str] = None  # set on the sample's last delta: "stop", "length", "abort"
+    finish_reason: Optional[str] = None  # set on the sample's last delta: "stop", "length", "abort", ...
     stop_reason: Union[int, str, None] = None
+    error: Optional[str] = None  # finish_reason "error": why, in one line
 
     @property
     def finished(self) -> bool:

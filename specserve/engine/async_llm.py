@@ -73,7 +73,7 @@ def _delta(r: Request, index: int, text: str, sent: int) -> StreamDelta:
         top_logprobs=list(r.output_top_logprobs[sent:]) if k else None,
         origins=[o.value for o in r.output_origins[sent:]],
         finish_reason=r.finish_reason.value if r.is_finished and r.finish_reason else None,
-        stop_reason=r.stop_reason if r.is_finished else None)
+        stop_reason=r.stop_reason if r.is_finished else None, error=r.error if r.is_finished else None)
 
 
 class AsyncLLM:

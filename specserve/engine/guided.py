@@ -11,7 +11,11 @@
   4. each emitted token advances the Guide (`LLMEngine._append`), and afterwards the tokens the grammar
      forces (`forced`: the rest of a key, a closing brace, the one remaining choice) are appended
      without sampling (their constrained probability is 1) and computed in the next pass as a prefill
-     chunk: fast-forward.
+     chunk: fast-forward;
+  5. a dead end (the grammar refuses a token its own mask allowed or its fast-forward forced: what it
+     requires has no spelling in the vocabulary, e.g. a byte with no token) finishes that request
+     alone with finish_reason "error" (the server: a 400); one known from the grammar's start is a
+     one-line ValueError when the request is added.
 
 Why a refused token of a sampled draft with its own q stays in the span (as a sure rejection): the
 verifier's draw after a rejection comes from the residual max(p - q, 0), not from p. Cutting the draft

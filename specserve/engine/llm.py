@@ -159,6 +159,6 @@ class LLM:
                 accepted_per_step=list(r.spec_accepted) if r.spec_drafted else None,
                 drafted_per_step=list(r.spec_drafted) if r.spec_drafted else None,
                 origins=[o.value for o in r.output_origins],
-                cumulative_logprob=sum(r.output_logprobs) if r.params.needs_logprobs else None))
+                cumulative_logprob=sum(r.output_logprobs) if r.params.needs_logprobs else None, error=r.error))
         return RequestOutput(group[0].group_id, prompt, list(group[0].prompt_token_ids), outs,
                              num_cached_tokens=group[0].num_cached_tokens)

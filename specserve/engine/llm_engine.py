@@ -343,12 +343,17 @@ class LLMEngine:
     def _append(self, r: Request, token: int, logprob: Optional[tuple[float, dict[int, float]]], now: float,
                 origin: TokenOrigin = TokenOrigin.TARGET) -> str:
         """logprob: (the token's, the top-k {id: logprob}) from token_logprobs, where the step computed them;
-        origin: who proposed the token (an accepted draft's drafter, else the target)."""
+        origin: who proposed the token (an accepted draft's drafter, else the target).
+        A token r's grammar refuses (its mask allowed it, or fast-forward forced it, but the text the
+        grammar requires has no spelling in the vocabulary: a dead end) is not appended: r finishes
+        with FinishReason.ERROR and Request.error, alone (its batch goes on), as vLLM finishes a
+        request whose grammar rejects its tokens."""
+        guide = self._guide(r)
+        if guide is not None and not guide.accept([token]):
+            self._finish(r, FinishReason.ERROR, now, error=guide.refusal(token))
+            return ""
         r.output_token_ids.append(token)
         r.output_origins.append(origin)
-        guide = self._guide(r)
-        if guide is not None and not guide.accept([token]):  # the masks make this impossible
-            raise RuntimeError(f"request {r.request_id}: the grammar refused token {token}: {guide.error}")
         if logprob is not None and r.params.needs_logprobs:
             r.output_logprobs.append(logprob[0])
             if r.params.num_top_logprobs:
@@ -378,13 +383,16 @@ class LLMEngine:
             elif finish is None and guide is not None and guide.done:  # the grammar is complete: only EOS may follow
                 finish, r.stop_reason = FinishReason.STOP, None
         if finish is not None:
-            r.finish_reason = finish
-            r.finish_time = now
-            self.scheduler.finish(r)
-            if self.speculator is not None:
-                self.speculator.release(r)
-            self._live.pop(r.request_id, None)
+            self._finish(r, finish, now)
         return delta
+
+    def _finish(self, r: Request, reason: FinishReason, now: float, error: Optional[str] = None) -> None:
+        r.finish_reason, r.error = reason, error
+        r.finish_time = now
+        self.scheduler.finish(r)
+        if self.speculator is not None:
+            self.speculator.release(r)
+        self._live.pop(r.request_id, None)
 
 
 def _graph_runner(eager: ModelRunner, config: EngineConfig, max_model_len: int) -> ModelRunner:

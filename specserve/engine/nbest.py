@@ -11,7 +11,7 @@ import math
 
 from ..types import FinishReason, Request
 
-_STOPPED = (FinishReason.DEADLINE, FinishReason.ABORT)
+_STOPPED = (FinishReason.DEADLINE, FinishReason.ABORT, FinishReason.ERROR)
 
 
 def mean_logprob(r: Request) -> float:

@@ -99,24 +99,27 @@ class GrammarCompiler:
             m = llguidance.LLMatcher(self.lltokenizer, grammar, log_level=0)
             if m.is_error():
                 raise ValueError(f"guided_{kind}: {_one_line(m.get_error())}")
-            g = Guide(m.deep_copy(), self.vocab_size)
+            g = Guide(m.deep_copy(), self.vocab_size, kind)
             if not g.allowed_any():
                 raise ValueError(f"guided_{kind}: the constraint allows no text at all (unsatisfiable)")
+            if (why := g.unspellable()) is not None:
+                raise ValueError(f"guided_{kind}: {why}")
             self._cache[key] = m
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
-        return Guide(m.deep_copy(), self.vocab_size)
+        return Guide(m.deep_copy(), self.vocab_size, kind)
 
 
 class Guide:
     """One sequence's place in its grammar: what may come next (`fill_mask`), what must come next
     (`forced`), and `accept` / `rollback` as tokens are emitted or drafts are tried."""
 
-    def __init__(self, matcher, vocab_size: int):
+    def __init__(self, matcher, vocab_size: int, kind: str = ""):
         self.m = matcher
         self.vocab_size = vocab_size  # the tokenizer's: the bitmask's width in bits
+        self.kind = kind  # the constraint's kind (SamplingParams.guided_<kind>), for messages
 
     @property
     def done(self) -> bool:
@@ -126,6 +129,24 @@ class Guide:
     @property
     def error(self) -> str:
         return self.m.get_error()
+
+    def refusal(self, token: int) -> str:
+        """One line for a token the grammar refused although its mask allowed it (the guide is in error
+        since): a dead end, where the text the grammar requires has no spelling in the vocabulary."""
+        first = next((line for line in self.error.splitlines() if line.strip()), "")
+        return (f"guided_{self.kind}: the constraint requires text the model's vocabulary cannot spell "
+                f"(the grammar refused token {token}: {_one_line(first)})")
+
+    def unspellable(self) -> "str | None":
+        """Why the text the grammar forces from here cannot be written with the vocabulary's tokens, or
+        None. Some byte-level vocabularies lack tokens for a few bytes (SmolLM2 has none for F1, the
+        first byte of U+40000..U+7FFFF): llguidance then forces tokens for the bytes around the missing
+        one, and refuses the first of them. State unchanged."""
+        forced = self.forced()
+        if self.valid_prefix(forced) == len(forced):
+            return None
+        text = bytes(self.m.compute_ff_bytes()).decode("utf-8", errors="replace")
+        return f"the constraint forces {ascii(text)}, which the model's vocabulary cannot spell (no token for one of its bytes)"
 
     def fill_mask(self, bitmask, row: int) -> None:
         """bitmask [rows, ceil(vocab / 32)] int32 (torch): row gets the tokens allowed next."""

@@ -32,7 +32,7 @@ from .config import ServerConfig
 from .errors import ApiError, document_errors, error_response
 from .limits import BodyLimit, InFlight, SlotStreamingResponse
 from .metrics import ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, error_body
 from .security import Guard, allowed_hosts, api_key
 
 
@@ -261,6 +261,14 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
             if self.first is not None and self.tokens > 1:
                 metrics.tpot.observe((max(self.last.values()) - self.first) / (self.tokens - 1))
 
+    def dead_end(d: StreamDelta) -> Optional[ApiError]:
+        """A sample that finished with "error" (its grammar met a dead end: engine/guided.py): the
+        request's constraint asks for what the model cannot write, a 400 (vLLM finishes such a request
+        with "error" too). A non-streamed response raises it; a stream sends it as an error event."""
+        if d.finish_reason != "error":
+            return None
+        return ApiError(400, d.error or "guided generation reached a dead end")
+
     # --- /v1/completions ------------------------------------------------------------------------
     def completion_logprobs(d: StreamDelta, offset: int) -> Optional[dict]:
         if d.logprobs is None:
@@ -293,6 +301,10 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
             async for pi, d in merged(streams):
                 c = pi * n + d.index
                 tr.see(c, d)
+                if (e := dead_end(d)) is not None:
+                    metrics.errors.labels(str(e.status)).inc()
+                    yield error_body(e.message, e.type, e.status, e.param)
+                    return  # merged, finalised, aborts the other samples
                 lp = completion_logprobs(d, offsets.get(c, 0))
                 offsets[c] = offsets.get(c, 0) + len(d.text)
                 extra = origin_runs(body, runs, c, d)  # every delta: its tokens move the detokenizer on
@@ -310,6 +322,8 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
             async for pi, d in merged(streams):
                 c = pi * n + d.index
                 tr.see(c, d)
+                if (e := dead_end(d)) is not None:
+                    raise e
                 ch = choices.setdefault(c, {"index": c, "text": "", "logprobs": None, "finish_reason": None,
                                             "stop_reason": None})
                 lp = completion_logprobs(d, len(ch["text"]))
@@ -356,6 +370,10 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
             tr, started, runs = Tracker(len(ids)), set(), {}
             async for _, d in merged(streams):
                 tr.see(d.index, d)
+                if (e := dead_end(d)) is not None:
+                    metrics.errors.labels(str(e.status)).inc()
+                    yield error_body(e.message, e.type, e.status, e.param)
+                    return  # merged, finalised, aborts the other samples
                 delta = {}
                 if d.index not in started:
                     started.add(d.index)
@@ -376,6 +394,8 @@ def build_app(llm, cfg: Optional[ServerConfig] = None) -> FastAPI:
             choices = {}
             async for _, d in merged(streams):
                 tr.see(d.index, d)
+                if (e := dead_end(d)) is not None:
+                    raise e
                 ch = choices.setdefault(d.index, {"index": d.index, "message": {"role": "assistant", "content": ""},
                                                   "logprobs": None, "finish_reason": None, "stop_reason": None})
                 ch["message"]["content"] += d.text

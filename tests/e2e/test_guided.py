@@ -1,7 +1,8 @@
 """Guided generation on the embedded model: every output is valid against its schema (checked with
 jsonschema), regex or choice, greedy and at temperature 1 (20 samples each); fast-forward changes
 nothing in the output; with every drafter, greedy constrained output is identical with and without
-speculation at batch 1 and 8; malformed or unsatisfiable constraints fail with one line, at submit."""
+speculation at batch 1 and 8; malformed or unsatisfiable constraints fail with one line, at submit;
+one that reaches text the vocabulary cannot spell midway finishes alone, with "error" (issue 36)."""
 import json
 import re
 
@@ -91,9 +92,37 @@ def test_greedy_constrained_speculation_equals_constrained_decoding(name, guided
     (dict(guided_grammar="start: foo"), "guided_grammar: .*unknown name"),
     (dict(guided_choice=[]), "guided_choice must be a non-empty list"),
     (dict(guided_regex="a", guided_choice=["a"]), "at most one guided constraint"),
+    # issue 36: SmolLM2 has no token for the byte F1 (U+40000..U+7FFFF's first UTF-8 byte), forced here
+    (dict(guided_regex="\U00040a89"), r"guided_regex: the constraint forces '\\U00040a89', which the model's "
+                                      r"vocabulary cannot spell"),
 ])
 def test_bad_constraints_fail_with_one_line(embedded_llm, params, message):
     with pytest.raises(ValueError, match=message) as e:
         embedded_llm.generate("hi", SamplingParams(max_tokens=8, **params))
     assert "\n" not in str(e.value)
     assert embedded_llm.generate("hi", SamplingParams(temperature=0, max_tokens=4))[0].outputs[0].token_ids  # still serving
+
+
+DEAD_END = "[ab]\U00040a89"  # fine at its start; after a or b it forces the byte F1, which has no token
+
+
+@pytest.mark.parametrize("config", ["fast-forward", "sampled", "speculative"])
+def test_a_dead_end_midway_finishes_that_request_alone(embedded_llm, config):
+    """Issue 36: a grammar that reaches text the vocabulary cannot spell finishes its request with
+    finish_reason "error" (its text so far kept, a one-line why); the ordinary request beside it in
+    the same generate call, and the same steps, completes as it does alone. The refused token comes
+    from fast-forward, from a masked sample, or as a verify step's bonus token."""
+    llm = {"fast-forward": lambda: embedded_llm,
+           "sampled": lambda: LLM(guided_fast_forward=False, kv_cache_gib=0.25),
+           "speculative": lambda: LLM(speculative={"method": "draft", "fallback": False}, guided_fast_forward=False,
+                                      kv_cache_gib=0.25)}[config]()
+    plain = SamplingParams(temperature=0, max_tokens=8)
+    want = embedded_llm.generate("hi", plain)[0].outputs[0]
+    bad, ok = llm.generate(["Answer a or b:", "hi"], [SamplingParams(temperature=0, max_tokens=8, guided_regex=DEAD_END), plain])
+    out = bad.outputs[0]
+    assert out.finish_reason == "error" and out.text in ("a", "b"), (out.finish_reason, out.text)
+    assert out.error.startswith("guided_regex: the constraint requires text the model's vocabulary cannot spell")
+    assert "\n" not in out.error
+    assert ok.outputs[0].token_ids == want.token_ids and ok.outputs[0].finish_reason == want.finish_reason
+    samples = llm.generate("Answer a or b:", SamplingParams(temperature=1.0, n=3, seed=1, guided_regex=DEAD_END))
+    assert all(o.finish_reason == "error" and o.text in ("a", "b") for o in samples[0].outputs)

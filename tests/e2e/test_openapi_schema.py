@@ -10,12 +10,6 @@ schemathesis = pytest.importorskip("schemathesis")
 hypothesis = pytest.importorskip("hypothesis")
 MAX_TOKENS = 4  # generated lengths above this are cut to it: the run is about answers, not long outputs
 EXAMPLES = 80  # per operation and mode
-# Not fuzzed for now: a constraint whose forced bytes no token of the vocabulary starts with (the regex
-# "\U00040a89": its first UTF-8 byte F1 has no token in SmolLM2's vocabulary) leaves a row with no
-# allowed token, and the step fails with "the grammar refused token ..." (a 500, and every request in
-# that step fails with it). Issue 36 item 1 (every grammar 200 or one-line 400) owns the fix; remove
-# this line with it.
-UNFUZZED = ("guided_regex", "guided_grammar", "guided_json", "guided_choice")
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +28,6 @@ def keep_short(body):
     """Generated max_tokens / max_completion_tokens / n / best_of above a few are cut to MAX_TOKENS, and
     a body without a length gets MAX_TOKENS (chat's default, the rest of the context, is slow here)."""
     if isinstance(body, dict):
-        for k in UNFUZZED:
-            body.pop(k, None)
         if "max_tokens" not in body and "max_completion_tokens" not in body:
             body["max_tokens"] = MAX_TOKENS
         for k in ("max_tokens", "max_completion_tokens", "n", "best_of"):

@@ -197,6 +197,36 @@ def test_response_format_json_schema_and_json_object(server, client, embedded_ll
     assert extra.choices[0].text in ("yes", "no")
 
 
+def test_guided_text_the_vocabulary_cannot_spell_is_a_400_not_a_500(server):
+    """Issue 36: SmolLM2 has no token for the byte F1. Forced from the start ("\U00040a89") the request
+    is refused at admission; met midway ("[ab]\U00040a89" after a or b) the request finishes with
+    "error": a 400 for a non-streamed request, an error event then [DONE] in a stream. Either way
+    the ordinary request sent beside it is served, and no KV block is left behind."""
+    m = server["model"]
+    beside = {}
+    t = threading.Thread(target=lambda: beside.update(r=raw(server, "POST", "/v1/completions",
+                                                            {"model": m, "prompt": PROMPTS[1], "max_tokens": 24, "temperature": 0})))
+    t.start()
+    cases = [("/v1/completions", {"prompt": "hi", "guided_regex": "\U00040a89"}, "the constraint forces"),
+             ("/v1/completions", {"prompt": "Answer a or b:", "guided_regex": "[ab]\U00040a89"}, "cannot spell"),
+             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a or b?"}], "guided_regex": "[ab]\U00040a89"},
+              "cannot spell")]
+    for path, body, message in cases:
+        status, payload = raw(server, "POST", path, {"model": m, "max_tokens": 8, "temperature": 0, **body})
+        err = json.loads(payload)["error"]
+        assert status == 400 and err["code"] == 400 and err["message"].startswith("guided_regex: ") and message in err["message"], payload
+    for path, body, _ in cases[1:]:
+        status, payload = raw(server, "POST", path, {"model": m, "max_tokens": 8, "temperature": 0, "stream": True, **body})
+        events = [line[len("data: "):] for line in payload.decode().splitlines() if line.startswith("data: ")]
+        assert status == 200 and events[-1] == "[DONE]", payload
+        err = json.loads(events[-2])["error"]
+        assert err["code"] == 400 and "cannot spell" in err["message"], payload
+    t.join()
+    status, payload = beside["r"]
+    assert status == 200 and json.loads(payload)["choices"][0]["finish_reason"] in ("length", "stop"), payload
+    assert blocks_in_use(server) == 0
+
+
 def test_clients_that_disconnect_mid_stream_leave_no_blocks(server):
     """16 streaming clients read a few events and hang up; their requests are aborted at once."""
     def one(i):
