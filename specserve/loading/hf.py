@@ -65,6 +65,8 @@ def arch_from_config(cfg: dict, path: str) -> ModelArch:
         attention_bias=ARCHITECTURES.get(arch).attention_bias or cfg.get("attention_bias", False),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos,
+        # Mistral attends to a sliding window on every layer (Qwen2's configs name one but do not use it)
+        sliding_window=cfg.get("sliding_window") if arch == "mistral" else None,
     )
 
 

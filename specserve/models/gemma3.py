@@ -54,7 +54,6 @@ class Gemma3Model(LlamaModel):
         self.embed_rows = lambda ids: rows(ids).to(dtype) * scale
         local = Rotary(arch.head_dim, arch.rope_local_theta or arch.rope_theta, None, self.max_len, None, device)
         self.rotary = DualRotary(self.rotary, local)
-        self.windows = [arch.layer_window(i) for i in range(arch.num_hidden_layers)]
 
     def run_layers(self, x, delta, start: int, end: int, cos, sin, meta, k_cache, v_cache):
         """As LlamaModel.run_layers, with cos/sin from DualRotary.tables: each layer takes its kind's."""

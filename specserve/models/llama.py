@@ -65,7 +65,10 @@ class LlamaModel:
         # Decode-sized steps run each layer as one C++ call when every projection is blocked.
         fused = [fused_layer_weights(l.attn_norm, l.ffn_norm, l.qkv, l.o, l.gate_up, l.down, self.head_dim)
                  for l in self.layers]
-        self.fused_layers = fused if self.fusable and all(w is not None for w in fused) else None
+        # Sliding-window layers (Mistral's window; Gemma 3's local layers) attend to their window only.
+        self.windows = [arch.layer_window(i) for i in range(arch.num_hidden_layers)]
+        fusable = self.fusable and not any(self.windows)  # the fused C++ layer attends to the whole context
+        self.fused_layers = fused if fusable and all(w is not None for w in fused) else None
 
     load_layer = staticmethod(load_layer)
 
@@ -109,8 +112,8 @@ class LlamaModel:
                 x, delta = fused_decoder_layer(x, delta, self.fused_layers[li], self.eps, cos, sin, kc, vc, meta,
                                                self.scale, H, Hkv, D)
             else:
-                x, delta = decoder_layer(x, delta, self.layers[li], cos, sin, paged(kc, vc, meta, self.scale),
-                                         self.eps, H, Hkv, D)
+                x, delta = decoder_layer(x, delta, self.layers[li], cos, sin,
+                                         paged(kc, vc, meta, self.scale, self.windows[li]), self.eps, H, Hkv, D)
         return x, delta
 
     # --- the TargetView drafters and pipeline stages use (models/__init__.py) ---------------------

@@ -14,6 +14,8 @@ KINDS = {
                       "original_max_position_embeddings": 32})),
     "llama-mqa-tied": dict(cls="LlamaConfig", model="LlamaForCausalLM", extra=dict(num_key_value_heads=1, tie_word_embeddings=True)),
     "mistral": dict(cls="MistralConfig", model="MistralForCausalLM", extra=dict(sliding_window=None)),
+    # a window shorter than the test prompts: every layer attends to its last 12 positions only
+    "mistral-window": dict(cls="MistralConfig", model="MistralForCausalLM", extra=dict(sliding_window=12)),
     "qwen2": dict(cls="Qwen2Config", model="Qwen2ForCausalLM", extra=dict(tie_word_embeddings=True)),
 }
 
