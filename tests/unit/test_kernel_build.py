@@ -47,6 +47,7 @@ def test_the_build_directory_is_keyed_by_checkout_and_interpreter():
     assert d == kernels.build_directory()  # stable within a checkout
 
 
+@pytest.mark.full  # compiles the kernels twice (timed out at 900 s on a busy machine)
 def test_a_build_killed_midway_recovers_on_the_next_load(tmp_path):
     """A real first build (in an empty cache) killed with its compilers once torch's build lock exists;
     the next load removes the stale lock, says so, and builds. Takes a full build (minutes)."""
