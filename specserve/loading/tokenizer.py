@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+from array import array
 from typing import Optional, Sequence
 
 import jinja2
+import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -76,20 +78,26 @@ def _sentencepiece_bpe(fields: dict, tokens: list[str], types: list[int], path: 
         raise ValueError(f"{path}: a SentencePiece vocabulary needs a score per token (tokenizer.ggml.scores)")
     spelled = [_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {t: i for i, t in enumerate(spelled)}
-    ranked = []
+    # Gemma: 513k merges. Kept as compact arrays and sorted by numpy (tuples of strings took ~200 MB).
+    later, neg_score, left_ids, right_ids = array("b"), array("d"), array("l"), array("l")
     for i, (piece, ty) in enumerate(zip(spelled, types)):
         # the respelled runs of spaces merge before anything else: llama.cpp matches them whole first
         run = ty == _TOKEN_TYPE_USER_DEFINED and piece != tokens[i]
         if len(piece) < 2 or not (ty == _TOKEN_TYPE_NORMAL or run):
             continue
         for k in range(1, len(piece)):
-            left, right = piece[:k], piece[k:]
-            if left in vocab and right in vocab:
-                ranked.append((not run, -scores[i], vocab[left], vocab[right], left, right))
-    ranked.sort()
+            left = vocab.get(piece[:k])
+            right = vocab.get(piece[k:]) if left is not None else None
+            if right is not None:
+                later.append(not run)
+                neg_score.append(-scores[i])
+                left_ids.append(left)
+                right_ids.append(right)
+    order = np.lexsort((right_ids, left_ids, neg_score, later))  # the last key sorts first
+    lefts, rights = np.asarray(left_ids)[order].tolist(), np.asarray(right_ids)[order].tolist()
     unk = fields.get("tokenizer.ggml.unknown_token_id")
-    bpe = models.BPE(vocab=vocab, merges=[(r[4], r[5]) for r in ranked], fuse_unk=True, byte_fallback=True,
-                     unk_token=tokens[unk] if unk is not None else None)
+    bpe = models.BPE(vocab=vocab, merges=[(spelled[a], spelled[b]) for a, b in zip(lefts, rights)], fuse_unk=True,
+                     byte_fallback=True, unk_token=tokens[unk] if unk is not None else None)
     backend = HFTokenizer(bpe)
     # A leading space (Llama 2, Mistral; not Gemma) is prepended to the text, as SentencePiece's
     # add_dummy_prefix does, and stripped again when decoding.
