@@ -4,6 +4,7 @@ given (e.g. the target's own generations written by `specserve train-draft`), fo
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Callable, Optional
 
@@ -13,8 +14,12 @@ from ..training.corpus import build_corpus
 from .katz import KatzModel
 
 
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr)  # stdout carries the generated text (`specserve generate`)
+
+
 def build_ngram(tokenizer, corpus_tokens: int = 0, token_files: tuple[str, ...] = (), progress=None,
-                log: Callable[[str], None] = print) -> KatzModel:
+                log: Callable[[str], None] = _to_stderr) -> KatzModel:
     """A Katz trigram model over the stdlib's tokens (corpus_tokens: 0 = all) plus the token files
     (.npy of token ids, documents separated by EOS; corpus_tokens < 0: no stdlib), tagged with the
     tokenizer's fingerprint."""

@@ -100,3 +100,21 @@ def test_drafter_drafts_the_models_greedy_chain_and_counts_what_was_accepted():
     d.propose([r], 4)
     d.observe(r, 11, None, 0)
     assert np.allclose(d.counts, expected)
+
+
+def test_building_the_model_reports_on_stderr_not_stdout(tmp_path, capsys):
+    """`specserve generate --speculative ngram` builds the model on first use: its status line must not
+    land in the generated text on stdout."""
+    from specserve.ngram.build import build_ngram
+
+    class Tok:
+        vocab_size, eos_token_ids = 16, [0]
+
+        def fingerprint(self):
+            return "t"
+
+    path = tmp_path / "ids.npy"
+    np.save(path, np.array([1, 2, 3, 1, 2, 4, 0, 5, 6], dtype=np.int64))
+    build_ngram(Tok(), corpus_tokens=-1, token_files=(str(path),))
+    out, err = capsys.readouterr()
+    assert out == "" and "n-gram model: 9 tokens" in err
