@@ -296,7 +296,7 @@ def cmd_build_ngram(args) -> int:
     from ..loading import load_model_files
     from ..ngram.build import build_ngram
     tokenizer = load_model_files(args.model)[3]
-    model = build_ngram(tokenizer, args.corpus_tokens, tuple(args.tokens), progress=tqdm)
+    model = build_ngram(tokenizer, args.corpus_tokens, tuple(args.tokens), progress=tqdm, log=print)  # this command's output
     model.save(args.out)
     print(f"wrote {args.out}")
     return 0
