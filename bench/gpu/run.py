@@ -318,6 +318,9 @@ def stage_smollm(args, rec) -> None:
         runner = llm.engine.runner
         return dict(getattr(runner, "counts", {}))
 
+    if args.only == "profile":
+        stage_profile(args, rec, kw, texts)
+        return
     with rec.section("smollm.bf16_graph.load"):
         t0 = time.perf_counter()
         llm = LLM(dtype="bfloat16", **kw)
@@ -417,6 +420,162 @@ def stage_smollm(args, rec) -> None:
                 rec.put("smollm", f"hf_bf16_static_compile_b{b}_total_s", time.perf_counter() - t0)
 
 
+# --- stage: where a speculative step's time goes (--only profile) ------------------------------------
+def _annotate(obj, names: tuple, log: Optional[dict] = None, dev=None) -> None:
+    """Wrap obj's methods in profiler ranges (log: also seconds per call, synced before and after)."""
+    from torch.profiler import record_function
+    for name in names:
+        fn = getattr(obj, name, None)
+        if fn is None or getattr(fn, "_annotated", False):
+            continue
+        label = f"{type(obj).__name__}.{name}"
+
+        def wrapped(*a, _fn=fn, _label=label, **k):
+            if log is not None:
+                sync(dev)
+                t0 = time.perf_counter()
+            with record_function(_label):
+                out = _fn(*a, **k)
+            if log is not None:
+                sync(dev)
+                log.setdefault(_label, []).append(time.perf_counter() - t0)
+            return out
+        wrapped._annotated = True
+        setattr(obj, name, wrapped)
+
+
+def _phases(llm, log=None, dev=None) -> None:
+    eng = llm.engine
+    _annotate(eng, ("_sample_plain", "_observe"), log, dev)
+    _annotate(eng.scheduler, ("schedule", "keep_rows"), log, dev)
+    _annotate(eng.runner, ("execute",), log, dev)
+    _annotate(eng.runner.inputs if hasattr(eng.runner, "inputs") else eng.runner, ("fill",), log, dev)
+    spec = eng.speculator
+    if spec is not None:
+        _annotate(spec, ("propose", "verify", "record_step"), log, dev)
+        d = spec.drafter
+        _annotate(d, ("propose", "_catch_up", "observe"), log, dev)
+        inner = getattr(d, "drafter", None) or getattr(d, "model_drafter", None)
+        if inner is not None:
+            _annotate(inner, ("propose", "_catch_up", "observe"), log, dev)
+        for cg in {getattr(x, "chain_graphs", None) for x in (d, inner)} - {None}:
+            _annotate(cg, ("draft", "forward_rows"), log, dev)
+
+
+def _graph_times(llm, dev, rec, tag: str) -> None:
+    """GPU time of one replay of each captured graph (CUDA events over 50 replays): the floor of a step."""
+    runner = llm.engine.runner
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    for size in [s for s in getattr(runner, "sizes", []) if s <= 32]:
+        g = runner.graphs[size][0]
+        g.replay()
+        ev[0].record()
+        for _ in range(50):
+            g.replay()
+        ev[1].record()
+        torch.cuda.synchronize()
+        rec.put("profile", f"{tag}_target_graph_T{size}_ms", ev[0].elapsed_time(ev[1]) / 50)
+    spec = llm.engine.speculator
+    d = None if spec is None else spec.drafter
+    cg = getattr(d, "chain_graphs", None) or getattr(getattr(d, "drafter", None), "chain_graphs", None)
+    if cg is not None and cg.capture:
+        for n in [s for s in cg.sizes if s in (1, 8)]:
+            for name, g in zip(("head", "step"), cg.graphs[n]):
+                cg.counter.zero_()
+                ev[0].record()
+                for _ in range(cg.K - 1 if name == "step" else 50):
+                    if name == "step":
+                        g.replay()
+                    else:
+                        g.replay()
+                        cg.counter.zero_()
+                ev[1].record()
+                torch.cuda.synchronize()
+                reps = cg.K - 1 if name == "step" else 50
+                rec.put("profile", f"{tag}_eagle_{name}_graph_n{n}_ms", ev[0].elapsed_time(ev[1]) / reps)
+            cg.counter.zero_()
+
+
+def stage_profile(args, rec, llm_kw: dict, prompts_text: list[str]) -> None:
+    """Regular and speculative (EAGLE, fixed k) bf16 decoding at batch 1 and 8 under torch.profiler:
+    per-op tables (host and GPU), chrome traces, each phase's synced seconds, and every graph's replay
+    time. The question it answers: what a speculative step spends beyond its target pass."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from specserve import LLM
+    dev = torch.device(args.device)
+    max_new = 8 if args.dry_run else 64
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    variants = [("regular", None)] + [(f"spec_k{k}", {"method": "draft", "fallback": False, "policy": "fixed",
+                                                      "draft_len": k}) for k in args.spec_lens]
+    for name, spec in variants:
+        with rec.section(f"profile.{name}"):
+            llm = LLM(dtype="bfloat16", **(llm_kw if spec is None else dict(llm_kw, speculative=spec)))
+            prompts = [llm.tokenizer.encode(t) for t in prompts_text]
+            llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=16))  # warm-up
+            for b in (1, 8):
+                ps = prompts[1:1 + b]
+                # unprofiled: steps and wall
+                log = step_timer(llm)
+                r = llm_run(llm, ps, max_new)
+                steps = [dt for dt, _ in log]
+                del llm.engine.step  # step_timer's wrapper
+                rec.put("profile", f"{name}_b{b}_ms_per_token", r["ms_per_token"])
+                rec.put("profile", f"{name}_b{b}_steps", len(steps))
+                rec.put("profile", f"{name}_b{b}_step_ms_median", statistics.median(steps) * 1e3)
+                rec.put("profile", f"{name}_b{b}_tokens_per_step", sum(map(len, r["tokens"])) / max(1, len(steps)))
+                # profiled (ranges on the phases, no syncs added)
+                _phases(llm)
+                with profile(activities=acts) as prof:
+                    llm_run(llm, ps, max_new)
+                ka = prof.key_averages()
+                with open(os.path.join(args.out, "profile.txt"), "a") as f:  # one file: the device returns 8
+                    f.write(f"===== {name} batch {b}: {len(steps)} steps of {max_new} tokens per sequence\n\n")
+                    for key in (("self_device_time_total", "self_cpu_time_total") if dev.type == "cuda" else ("self_cpu_time_total",)):
+                        f.write(ka.table(sort_by=key, row_limit=45, max_name_column_width=60) + "\n\n")
+                    f.write(ka.table(sort_by="cpu_time_total", row_limit=45, max_name_column_width=60) + "\n")
+                if b == 1:
+                    trace = os.path.join(args.out, f"trace-{name}-b1.json")
+                    prof.export_chrome_trace(trace)
+                    os.system(f"gzip -f {trace}")
+                kernels = sum(e.self_device_time_total for e in ka if e.device_type == torch.autograd.DeviceType.CUDA) \
+                    if dev.type == "cuda" else 0
+                rec.put("profile", f"{name}_b{b}_gpu_busy_ms_per_step", kernels / 1e3 / max(1, len(steps)))
+                # synced: each phase's seconds with the GPU drained before and after it
+                phase_log: dict = {}
+                _rewrap(llm, phase_log, dev)
+                llm_run(llm, ps, max_new)
+                rec.put("profile", f"{name}_b{b}_phase_ms_per_step",
+                        {k: round(sum(v) * 1e3 / max(1, len(steps)), 3) for k, v in sorted(phase_log.items())})
+                _unwrap(llm)
+            if dev.type == "cuda":
+                _graph_times(llm, dev, rec, name)
+            del llm
+            free()
+
+
+def _objects(llm):
+    eng = llm.engine
+    objs = [eng, eng.scheduler, eng.runner, getattr(eng.runner, "inputs", None)]
+    spec = eng.speculator
+    if spec is not None:
+        d = spec.drafter
+        inner = getattr(d, "drafter", None) or getattr(d, "model_drafter", None)
+        objs += [spec, d, inner, getattr(d, "chain_graphs", None), getattr(inner, "chain_graphs", None)]
+    return [o for o in objs if o is not None]
+
+
+def _unwrap(llm) -> None:
+    for o in _objects(llm):
+        for k in [k for k, v in vars(o).items() if getattr(v, "_annotated", False)]:
+            delattr(o, k)
+
+
+def _rewrap(llm, log: dict, dev) -> None:
+    _unwrap(llm)
+    _phases(llm, log, dev)
+
+
 # --- the record --------------------------------------------------------------------------------------
 class Record:
     def __init__(self, out: str, stage: str, args):
@@ -475,7 +634,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-new", type=int, default=128, help="new tokens per sequence")
     p.add_argument("--prompt-len", type=int, default=128, help="the 1.5B shape's random prompt length")
     p.add_argument("--b1-prompts", type=int, default=4, help="prompts timed one by one at batch 1")
-    p.add_argument("--only", choices=["spec"], help="smollm: only speculation's variants against regular decoding")
+    p.add_argument("--only", choices=["spec", "profile"],
+                   help="smollm: only speculation's variants against regular decoding, or only the profile of both")
     p.add_argument("--spec-lens", default="2,3,4", help="with --only spec: fixed draft lengths to run")
     p.add_argument("--compile-batches", default="1", help="batch sizes for HF static cache + torch.compile")
     args = p.parse_args(argv)

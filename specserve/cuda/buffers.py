@@ -88,22 +88,25 @@ class StaticInputs:
         span_start, tab, tree = self._host(5), self._host(6).reshape(self.max_seqs, -1), self._host(7).reshape(self.max_tokens, -1)
         ids[:T] = token_ids
         pos[:T] = positions
-        bs, row = self.block_size, 0
-        for b, (q, k, table, par) in enumerate(zip(q_lens, kv_lens, tables, trees)):
-            kv_rows = np.arange(k - q, k)
-            blocks = np.asarray(table, dtype=np.int64)
-            slots[row:row + q] = blocks[kv_rows // bs] * bs + kv_rows % bs
-            seq[row:row + q] = b
-            limit[row:row + q] = kv_rows
+        # per token, vectorised over the step (a Python loop per sequence cost ~8 us each on the host)
+        q = np.asarray(q_lens, dtype=np.int64)
+        B = len(q)
+        starts = np.cumsum(q) - q  # each sequence's first row
+        seq_of = np.repeat(np.arange(B), q)  # [T]
+        kv_rows = np.repeat(np.asarray(kv_lens, dtype=np.int64) - q, q) + np.arange(T) - starts[seq_of]
+        for b, table in enumerate(tables):
             tab[b, :len(table)] = table
             tab[b, len(table):] = 0
-            if par is None:
-                span_start[b] = NO_TREE
-            else:
-                L = len(par)
-                span_start[b] = k - L
-                tree[row:row + q, :L] = ancestor_rows(par)[L - q:]
-            row += q
+        bs = self.block_size
+        slots[:T] = tab[seq_of, kv_rows // bs].astype(np.int64) * bs + kv_rows % bs
+        seq[:T] = seq_of
+        limit[:T] = kv_rows
+        span_start[:B] = NO_TREE
+        for b, par in enumerate(trees):
+            if par is not None:
+                L, qb, row = len(par), q_lens[b], int(starts[b])
+                span_start[b] = kv_lens[b] - L
+                tree[row:row + qb, :L] = ancestor_rows(par)[L - qb:]
         # padding: token 0 at position 0, writes no KV, sees no key
         ids[T:padded] = 0
         pos[T:padded] = 0

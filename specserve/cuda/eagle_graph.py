@@ -13,9 +13,12 @@ fills the table once, replays head and then step k - 1 times, and reads the hist
 Only greedy chains take this path (sampled drafts need their per-request generators on the host; trees
 pick their beam on the host between levels): the drafter's eager path serves the rest. Every other
 draft pass (the catch-up on the target's new features, a tree's levels) runs the same fused kernels
-without a graph over static buffers (`forward_rows`): ~14 launches instead of ~35. The draft tokens
-are what the eager path would draft up to float rounding of the fused kernels, and never change the
-output: verification decides.
+over static buffers (`forward_rows`), replayed as a graph captured at the pass's row count padded up
+(as the target's steps are: padding rows write no KV and attend to nothing), and without a graph past
+the largest (the catch-up on a whole prompt). Launched one by one from Python, the ~14 kernels of a
+catch-up pass took 0.9 ms of an H100 step (bench/results/gpu, profile). The draft tokens are what the
+eager path would draft up to float rounding of the fused kernels, and never change the output:
+verification decides.
 """
 from __future__ import annotations
 
@@ -28,6 +31,10 @@ from ..attention.triton_paged import attention_torch, attention_triton
 from . import ops
 from .buffers import NO_TREE, StaticInputs
 from .plan import capture_sizes, padded_size
+
+# The most rows a graphed draft pass takes: a catch-up after a verify step feeds 1 + accepted rows per
+# sequence, a tree level beam rows per sequence; longer passes (a prompt's catch-up) run eagerly.
+MAX_GRAPHED_ROWS = 64
 
 
 class EagleChainGraphs:
@@ -72,6 +79,11 @@ class EagleChainGraphs:
         self.rows_passes = 0  # passes through forward_rows
         # the catch-up after a prompt feeds the whole prompt: rows up to a prefill step's
         self.rows = StaticInputs(max_rows, max_seqs, self.max_blocks, 64, self.block_size, dev)
+        self.row_sizes = capture_sizes(min(max_rows, MAX_GRAPHED_ROWS))
+        self.feats = torch.zeros(max_rows, hidden, dtype=torch.float32, device=dev)  # forward_rows' input
+        self.rows_out = torch.zeros(self.row_sizes[-1], hidden, dtype=torch.float32, device=dev)  # its graphs' output
+        self.row_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.rows_graphed = 0  # forward_rows passes replayed as graphs (or padded, uncaptured)
         if self.capture:
             with torch.cuda.device(dev):
                 self._capture()
@@ -111,9 +123,39 @@ class EagleChainGraphs:
         self._pick(f, n, self.counter + 1)
         self.counter.add_(1)
 
+    def _rows(self, T: int) -> torch.Tensor:
+        """One draft pass over the first T rows of `rows` and `feats` -> predicted features [T, hidden]
+        (EagleServing.forward with the fused ops)."""
+        net, d, inp = self.net, self.drafter, self.rows
+        H, Hkv, D = self.H, self.Hkv, self.D
+        kc, vc = d.kv.cache.k[0], d.kv.cache.v[0]
+        x = net.fc(torch.cat([d.target.embed_rows(inp.ids[:T]).float(), self.feats[:T]], dim=-1))  # [T, hidden]
+        x, h = self.norm(x, None, net.attn_norm, self.eps)
+        qkv = net.qkv(h)
+        rot = d.target.rotary
+        self.rope_store(qkv, inp.positions[:T], rot.cos, rot.sin, kc, vc, inp.slots[:T], H, Hkv, D)
+        a = self.attend(qkv[:, :H * D].view(T, H, D), kc, vc, inp, D ** -0.5)
+        x, h = self.norm(x, net.o(a.reshape(T, H * D)), net.ffn_norm, self.eps)
+        return x + net.down(self.silu_mul(net.gate_up(h)))
+
+    def _rows_graph_body(self, T: int) -> None:
+        self.rows_out[:T].copy_(self._rows(T))
+
     def _capture(self) -> None:
         self._fill_padding()
         pool = None
+        self.rows.clear()  # every row padding
+        for T in reversed(self.row_sizes):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.inference_mode():
+                self._rows_graph_body(T)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool), torch.inference_mode():
+                self._rows_graph_body(T)
+            pool = g.pool()
+            self.row_graphs[T] = g
         for n in reversed(self.sizes):
             pair = []
             for body in (self._head, self._step):
@@ -150,21 +192,22 @@ class EagleChainGraphs:
                      kv_lens: list[int], tables: list[list[int]], trees) -> torch.Tensor:
         """EagleServing.forward with the fused kernels over static buffers: feats [T, hidden] and the
         tokens that follow them (target ids), per request its rows' span (AttentionMetadata's q_lens,
-        kv_lens, block tables, span_parents) -> predicted features [T, hidden]."""
-        net, d, inp = self.net, self.drafter, self.rows
-        H, Hkv, D = self.H, self.Hkv, self.D
+        kv_lens, block tables, span_parents) -> predicted features [T, hidden] (a tensor of its own:
+        a tree's levels keep their rows past the next pass). Replays the graph of the padded row count
+        where one fits (uncaptured: its body at that count, which the CPU tests check)."""
         T = len(tokens)
-        inp.fill(tokens, positions, q_lens, kv_lens, tables, trees, T)
-        kc, vc = d.kv.cache.k[0], d.kv.cache.v[0]
-        x = net.fc(torch.cat([d.target.embed_rows(inp.ids[:T]).float(), feats], dim=-1))  # [T, hidden]
-        x, h = self.norm(x, None, net.attn_norm, self.eps)
-        qkv = net.qkv(h)
-        rot = d.target.rotary
-        self.rope_store(qkv, inp.positions[:T], rot.cos, rot.sin, kc, vc, inp.slots[:T], H, Hkv, D)
-        a = self.attend(qkv[:, :H * D].view(T, H, D), kc, vc, inp, D ** -0.5)
-        x, h = self.norm(x, net.o(a.reshape(T, H * D)), net.ffn_norm, self.eps)
+        size = padded_size(T, self.row_sizes)
+        self.rows.fill(tokens, positions, q_lens, kv_lens, tables, trees, size or T)
+        self.feats[:T].copy_(feats)
         self.rows_passes += 1
-        return x + net.down(self.silu_mul(net.gate_up(h)))
+        if size is None:
+            return self._rows(T)
+        self.rows_graphed += 1
+        if self.capture:
+            self.row_graphs[size].replay()
+        else:
+            self._rows_graph_body(size)
+        return self.rows_out[:T].clone()
 
     # --- drafting -----------------------------------------------------------------------------
     def fits(self, requests, max_len: int) -> bool:

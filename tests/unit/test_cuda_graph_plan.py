@@ -82,3 +82,22 @@ def test_clear_makes_every_row_padding():
     inp.fill([5, 6], [0, 1], [2], [2], [[1]], [None], 2)
     inp.clear()
     assert inp.slots.tolist() == [-1] * 8 and inp.limit.tolist() == [-1] * 8
+
+
+def test_fill_matches_the_engines_slot_mapping_on_random_steps():
+    """fill's vectorised rows against AttentionMetadata's slot mapping (the engine's reference) and the
+    causal limits, over random ragged steps of decodes, verify spans and prompt chunks."""
+    g = torch.Generator().manual_seed(0)
+    bs, inp = 4, StaticInputs(64, 6, 8, 8, 4, torch.device("cpu"))
+    for _ in range(50):
+        B = int(torch.randint(1, 7, (1,), generator=g))
+        q_lens = torch.randint(1, 9, (B,), generator=g).tolist()
+        kv_lens = [q + int(torch.randint(0, 20, (1,), generator=g)) for q in q_lens]
+        tables = [torch.randperm(40, generator=g)[:-(-k // bs)].tolist() for k in kv_lens]
+        T = sum(q_lens)
+        inp.fill(list(range(T)), list(range(T)), q_lens, kv_lens, tables, [None] * B, T)
+        meta = AttentionMetadata.build(q_lens, kv_lens, tables, bs, torch.device("cpu"))
+        assert inp.slots[:T].tolist() == meta.slot_mapping.tolist()
+        assert inp.limit[:T].tolist() == [k - q + i for q, k in zip(q_lens, kv_lens) for i in range(q)]
+        assert inp.seq[:T].tolist() == [b for b, q in enumerate(q_lens) for _ in range(q)]
+        assert inp.span_start[:B].tolist() == [NO_TREE] * B
