@@ -63,16 +63,18 @@ def table(shape: dict, smollm: dict, spec: Optional[dict] = None) -> str:
               "| variant | dtype | batch | ms/token | step ms | speed-up (ms/token) | identical | alpha | c |",
               "|---|---|---|---|---|---|---|---|---|"]
     rows = [(smollm, "bf16", "bf16_spec", "BASS, no fallback"), (smollm, "fp32", "fp32_spec", "BASS, no fallback"),
-            (smollm, "bf16", "bf16_spec_fallback", "cost model (eager calibration)")]
+            (smollm, "bf16", "bf16_spec_fallback", "cost model (smollm stage)")]
     if spec is not None:
-        rows += [(spec, "bf16", "bf16_spec_auto", "cost model (calibrated through graphs)")]
-        rows += [(spec, "bf16", f"bf16_spec_k{k}", f"fixed k={k}") for k in (2, 3, 4)]
+        rows += [(spec, "bf16", "bf16_spec_auto", f"cost model ({os.path.basename(spec['_file'])})")]
+        rows += [(spec, "bf16", f"bf16_spec_k{k}", f"fixed k={k} ({os.path.basename(spec['_file'])})") for k in (2, 3, 4)]
     for src, dt, tag, name in rows:
         r = src["results"].get("smollm", {})
         st = r.get(f"{tag}_stats") or {}
         for b in (1, 8):
             base = r.get(f"{dt}_graph_b{b}_ms")
             ms = r.get(f"{tag}_b{b}_ms")
+            if ms is None:  # a variant this run did not have
+                continue
             ident = r.get(f"{tag}_identical_b{b}")
             lines.append(f"| {name} | {dt} | {b} | {_f(ms)} | {_f(r.get(f'{tag}_b{b}_step_ms'))} | {_ratio(base, ms)} | "
                          f"{ident or '-'} | {_f(st.get('alpha'))} | {_f(st.get('c'))} |")
