@@ -79,8 +79,10 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     greedy = [i for i, p in enumerate(params) if p.greedy]
     tokens = [0] * len(params)
     if greedy:
-        idx = torch.tensor(greedy, device=logits.device)
-        for i, t in zip(greedy, logits[idx].argmax(dim=-1).tolist()):
+        # every row greedy (the common batch): no gather of the rows first (on CUDA an index copy
+        # and a host-to-device copy of the index a step)
+        rows = logits if len(greedy) == len(params) else logits[torch.tensor(greedy, device=logits.device)]
+        for i, t in zip(greedy, rows.argmax(dim=-1).tolist()):
             tokens[i] = t
     # Rows with the same params (the n samples of a prompt) are warped together, then each row
     # draws with its own generator.
