@@ -97,7 +97,8 @@ class Serving:
             raise
         return slot, ids, params
 
-    def choices(self, body, fmt: ChoiceFormat, n: int, prompts_ids: list[list[int]]) -> Choices:
+    def new_choices(self, body, fmt: ChoiceFormat, n: int, prompts_ids: list[list[int]]) -> Choices:
+        """The response's choice accumulator; its origin runs decode with the model's tokenizer, when asked."""
         runs = (lambda: OriginRuns(self.llm.tokenizer)) if body.return_origins else None
         return Choices(fmt, n, sum(len(p) for p in prompts_ids), runs)
 

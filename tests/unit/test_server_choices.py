@@ -28,14 +28,15 @@ def token_text(t: int) -> str:
 
 def deltas() -> list[tuple[int, StreamDelta]]:
     """(prompt, delta) of two prompts with n = 2, interleaved as merged streams give them: a delta with
-    nothing new (no text held back yet), one whose text is held back (a possible stop string), stop
-    reasons, logprobs with top-2 alternatives."""
+    nothing new (no text held back yet), one whose text is held back (a possible stop string), one
+    whose stop string is cut from the text (its token counted, its text not), stop reasons, logprobs
+    with top-2 alternatives."""
     def d(index, ids, text, finish=None, stop=None):
         return StreamDelta(index=index, text=text, token_ids=ids, logprobs=[-0.5 * (t + 1) for t in ids],
                            top_logprobs=[{t: -0.5 * (t + 1), t + 1: -9.0} for t in ids], finish_reason=finish,
                            stop_reason=stop)
     return [(0, d(0, [0, 1], "ab")), (1, d(0, [2], "c")), (0, d(1, [3], "")), (0, d(1, [], "")),
-            (0, d(0, [4], "e", "stop", "\n")), (1, d(1, [5, 6], "fg", "length")), (0, d(1, [7], "dh", "stop", 7)),
+            (0, d(0, [4, 8], "e", "stop", "\n")), (1, d(1, [5, 6], "fg", "length")), (0, d(1, [7], "dh", "stop", 7)),
             (1, d(0, [], "", "stop"))]
 
 
@@ -55,7 +56,7 @@ def streamed(fmt, seq=None, n=2, origin_runs=None):
 def test_chat_and_completions_give_the_same_choices_from_the_same_deltas():
     comp, comp_usage = whole(CompletionChoice(token_text))
     chat, chat_usage = whole(ChatChoice(token_text))
-    assert comp_usage == chat_usage == {"prompt_tokens": 11, "completion_tokens": 8, "total_tokens": 19}
+    assert comp_usage == chat_usage == {"prompt_tokens": 11, "completion_tokens": 9, "total_tokens": 20}
     assert [c["index"] for c in comp] == [c["index"] for c in chat] == [0, 1, 2, 3]  # prompt i's sample k: i * 2 + k
     assert [c["text"] for c in comp] == [c["message"]["content"] for c in chat] == ["abe", "dh", "c", "fg"]
     assert all(c["message"]["role"] == "assistant" for c in chat)
@@ -67,7 +68,7 @@ def test_chat_and_completions_give_the_same_choices_from_the_same_deltas():
         assert a["logprobs"]["top_logprobs"] == [{x["token"]: x["logprob"] for x in t["top_logprobs"]} for t in content]
     assert [(c["finish_reason"], c["stop_reason"]) for c in comp] == [("stop", "\n"), ("stop", 7), ("stop", None),
                                                                       ("length", None)]
-    assert comp[0]["logprobs"]["text_offset"] == [0, 1, 2]  # offsets run on across deltas
+    assert comp[0]["logprobs"]["text_offset"] == [0, 1, 2, 3]  # offsets run on across deltas
 
 
 def test_whole_choices_are_what_the_server_sends_key_for_key():
@@ -106,12 +107,12 @@ def test_a_stream_adds_up_to_the_whole_response():
 
 def test_which_deltas_a_stream_sends():
     seq = [(0, StreamDelta(index=0, text="", token_ids=[])), (0, StreamDelta(index=0, text="", token_ids=[3])),
-           (0, StreamDelta(index=0, text="ab", token_ids=[4])), (0, StreamDelta(index=0, text="", token_ids=[], finish_reason="stop"))]
+           (0, StreamDelta(index=0, text="abc", token_ids=[4])), (0, StreamDelta(index=0, text="", token_ids=[], finish_reason="stop"))]
     comp, comp_usage = streamed(CompletionChoice(token_text), seq, n=1)
     chat, _ = streamed(ChatChoice(token_text), seq, n=1)
     # completions: nothing to show, nothing sent; chat: the role goes in the first chunk, even an empty one
-    assert [c["text"] for c in comp] == ["ab", ""]
-    assert [c["delta"] for c in chat] == [{"role": "assistant"}, {"content": "ab"}, {}]
+    assert [c["text"] for c in comp] == ["abc", ""]
+    assert [c["delta"] for c in chat] == [{"role": "assistant"}, {"content": "abc"}, {}]
     assert comp_usage["completion_tokens"] == 2
     assert json.dumps(chat[0], separators=(",", ":")) == (
         '{"index":0,"delta":{"role":"assistant"},"logprobs":null,"finish_reason":null,"stop_reason":null}')
@@ -121,10 +122,11 @@ def test_streamed_origins_run_per_choice_and_only_when_asked():
     seq = [(0, StreamDelta(index=0, text="a", token_ids=[0], origins=["target"])),
            (0, StreamDelta(index=1, text="", token_ids=[], origins=[])),
            (0, StreamDelta(index=1, text="bc", token_ids=[1, 2], origins=["draft", "draft"])),
-           (0, StreamDelta(index=0, text="de", token_ids=[3, 4], origins=["draft", "target"], finish_reason="stop"))]
+           (0, StreamDelta(index=0, text="de", token_ids=[3, 4], origins=["draft", "target"], finish_reason="stop")),
+           (0, StreamDelta(index=1, text="", token_ids=[], origins=[], finish_reason="length"))]
     chunks, _ = streamed(CompletionChoice(token_text), seq, origin_runs=lambda: OriginRuns(CharTokenizer()))
     assert [(c["index"], c["origins"], c["origin_runs"]) for c in chunks] == [
         (0, ["target"], [["a", "target"]]), (1, ["draft", "draft"], [["bc", "draft"]]),
-        (0, ["draft", "target"], [["d", "draft"], ["e", "target"]])]
+        (0, ["draft", "target"], [["d", "draft"], ["e", "target"]]), (1, [], [])]
     plain, _ = streamed(CompletionChoice(token_text), seq)
     assert all("origins" not in c and "origin_runs" not in c for c in plain)

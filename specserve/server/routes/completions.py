@@ -63,7 +63,7 @@ def router(s: Serving) -> APIRouter:
         slot, ids, params = await s.admit_and_prepare(body, prompts)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         streams = [s.llm.generate(p, params) for p in ids]
-        choices = s.choices(body, CompletionChoice(s.token_text), params.n, ids)  # prompt i's sample k: choice i * n + k
+        choices = s.new_choices(body, CompletionChoice(s.token_text), params.n, ids)  # prompt i's sample k: choice i * n + k
         head = {"id": rid, "object": "text_completion", "created": created, "model": s.model_name}
         return await s.respond(http, slot, body, streams, choices, head, "text_completion")
 
