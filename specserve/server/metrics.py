@@ -1,10 +1,13 @@
 """Prometheus metrics (/metrics), named like vLLM's with a `specserve:` prefix.
 
-Request latencies are observed by the server as deltas stream out; engine state (queue, batch, KV
+Request latencies are observed by the server as deltas stream out (RequestTracker); engine state (queue, batch, KV
 blocks, speculation) is read at scrape time from the snapshot the engine thread publishes after
 every step (AsyncLLM.stats), so a scrape never waits for a step.
 """
 from __future__ import annotations
+
+import time
+from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -79,3 +82,36 @@ class ServerMetrics:
         self.errors = Counter("specserve:request_errors", "Requests answered with an error, by HTTP status.", ["status"],
                               registry=r)
         r.register(EngineCollector(llm))
+
+
+class RequestTracker:
+    """Latency metrics of one HTTP request as its deltas pass (both endpoints, streamed or not)."""
+
+    def __init__(self, metrics: ServerMetrics, prompt_tokens: int):
+        self.metrics = metrics
+        self.t0 = time.perf_counter()
+        self.first: Optional[float] = None
+        self.last: dict[int, float] = {}
+        self.tokens = 0
+        metrics.prompt_tokens.inc(prompt_tokens)
+
+    def see(self, choice: int, d) -> None:
+        """d: a StreamDelta of the given choice."""
+        m, now = self.metrics, time.perf_counter()
+        if d.token_ids:
+            if self.first is None:
+                self.first = now
+                m.ttft.observe(now - self.t0)
+            if choice in self.last:
+                m.itl.observe(now - self.last[choice])
+            self.last[choice] = now
+            self.tokens += len(d.token_ids)
+            m.generation_tokens.inc(len(d.token_ids))
+        if d.finished:
+            m.finished.labels(d.finish_reason).inc()
+
+    def done(self) -> None:
+        now = time.perf_counter()
+        self.metrics.e2e.observe(now - self.t0)
+        if self.first is not None and self.tokens > 1:
+            self.metrics.tpot.observe((max(self.last.values()) - self.first) / (self.tokens - 1))

@@ -1,0 +1,107 @@
+"""One response's choices, built from the engine's deltas: the part /v1/completions and
+/v1/chat/completions share (as vLLM's serving_completion and serving_chat share their base).
+
+Both endpoints answer with the same choice object, {"index", <body>, "logprobs", "finish_reason",
+"stop_reason"}; only the body ("text" or the chat "delta"/"message") and the logprobs' shape differ,
+and a ChoiceFormat (routes/completions.py, routes/chat.py) writes those. Everything else is here, once:
+which choice a delta belongs to (prompt i's sample k is choice i * n + k), when a streamed delta is
+worth a chunk, the text offset each choice has reached, the origin runs of a streamed choice, the
+finish and stop reasons, and the usage counts. No asyncio, HTTP or metrics: a unit test feeds it
+deltas (tests/unit/test_server_choices.py).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Protocol
+
+from ..origins import OriginRuns
+from ..types import StreamDelta
+
+
+class ChoiceFormat(Protocol):
+    """How one endpoint writes a choice's body and logprobs."""
+
+    delta_key: str  # the body's key in a streamed choice ("text", "delta")
+    message_key: str  # ... and in a whole one ("text", "message")
+
+    def delta(self, d: StreamDelta, first: bool) -> Any:
+        """A streamed choice's body; falsy when the delta has nothing of its own to send."""
+
+    def logprobs(self, d: StreamDelta, offset: int) -> Optional[dict]:
+        """The delta's logprobs (None if not asked); offset: the choice's text length before it."""
+
+    def start(self) -> Any:
+        """An empty whole choice's body."""
+
+    def extend(self, choice: dict, d: StreamDelta, lp: Optional[dict]) -> None:
+        """Fold the delta's text and logprobs (from logprobs()) into a whole choice."""
+
+
+class Choices:
+    """The choices of one response. A stream calls chunk() for every delta, a whole response add()
+    and then choices(); usage() after either. Deltas of one choice come in order; choices interleave.
+
+    fmt: the endpoint's ChoiceFormat. n: samples per prompt. prompt_tokens: the prompts' tokens, all
+    of them (usage). origin_runs: makes a choice's OriginRuns when the request asks for origins
+    (return_origins), else None.
+    """
+
+    def __init__(self, fmt: ChoiceFormat, n: int, prompt_tokens: int,
+                 origin_runs: Optional[Callable[[], OriginRuns]] = None):
+        self.fmt, self.n, self.prompt_tokens, self.origin_runs = fmt, n, prompt_tokens, origin_runs
+        self.completion_tokens = 0
+        self._offset: dict[int, int] = {}  # text so far per choice (completions' text_offset; chat's role once)
+        self._runs: dict[int, OriginRuns] = {}
+        self._whole: dict[int, dict] = {}
+
+    def index(self, prompt: int, d: StreamDelta) -> int:
+        # with a deadline a prompt may answer with fewer than n samples: its choices keep prompt * n + rank
+        return prompt * self.n + d.index
+
+    def _see(self, c: int, d: StreamDelta) -> tuple[bool, int]:
+        """(the choice's first delta?, its text offset before this one), counting the delta in."""
+        first, offset = c not in self._offset, self._offset.get(c, 0)
+        self._offset[c] = offset + len(d.text)
+        self.completion_tokens += len(d.token_ids)
+        return first, offset
+
+    def chunk(self, prompt: int, d: StreamDelta) -> Optional[dict]:
+        """Streaming: the delta's choice object, or None when it carries nothing a client would see."""
+        c = self.index(prompt, d)
+        first, offset = self._see(c, d)
+        body = self.fmt.delta(d, first)
+        lp = self.fmt.logprobs(d, offset)
+        extra = self._origins(c, d)  # every delta, sent or not: its tokens move the detokenizer on
+        if body or d.finished or lp is not None or extra.get("origins"):
+            return {"index": c, self.fmt.delta_key: body, "logprobs": lp, "finish_reason": d.finish_reason,
+                    "stop_reason": d.stop_reason, **extra}
+        return None
+
+    def add(self, prompt: int, d: StreamDelta) -> None:
+        """Not streaming: fold the delta into its whole choice."""
+        c = self.index(prompt, d)
+        _, offset = self._see(c, d)
+        ch = self._whole.get(c)
+        if ch is None:
+            ch = self._whole[c] = {"index": c, self.fmt.message_key: self.fmt.start(), "logprobs": None,
+                                   "finish_reason": None, "stop_reason": None}
+        self.fmt.extend(ch, d, self.fmt.logprobs(d, offset))
+        if d.finished:
+            ch["finish_reason"], ch["stop_reason"] = d.finish_reason, d.stop_reason
+
+    def choices(self) -> list[dict]:
+        """The whole choices by index (samples finish in any order)."""
+        return [self._whole[i] for i in sorted(self._whole)]
+
+    def usage(self) -> dict:
+        done = self.completion_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done, "total_tokens": self.prompt_tokens + done}
+
+    def _origins(self, c: int, d: StreamDelta) -> dict:
+        """A streamed choice's new tokens' origins and their text in runs of one origin, when asked; else {}."""
+        if self.origin_runs is None or d.origins is None:
+            return {}
+        stream = self._runs.get(c)
+        if stream is None:
+            stream = self._runs[c] = self.origin_runs()
+        return {"origins": list(d.origins),
+                "origin_runs": [[t, o.value] for t, o in stream.push(d.token_ids, d.origins)]}

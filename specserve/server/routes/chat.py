@@ -1,0 +1,68 @@
+"""/v1/chat/completions: a conversation (rendered by the model's chat template) answered; its choices
+carry the assistant's "message" (streamed: "delta"s, the first with the role) and chat logprobs
+({"content": [{token, logprob, bytes, top_logprobs}]})."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Callable, Optional
+
+from fastapi import APIRouter, Request
+
+from ...types import StreamDelta
+from ..protocol import ChatCompletionRequest
+from ..serving import Serving
+
+
+class ChatChoice:
+    """The ChoiceFormat (server/choices.py) of /v1/chat/completions."""
+
+    delta_key, message_key = "delta", "message"
+
+    def __init__(self, token_text: Callable[[int], str]):
+        self.token_text = token_text
+
+    def delta(self, d: StreamDelta, first: bool) -> dict:
+        delta = {}
+        if first:  # OpenAI's clients take the role from a choice's first chunk
+            delta["role"] = "assistant"
+        if d.text:
+            delta["content"] = d.text
+        return delta
+
+    def logprobs(self, d: StreamDelta, offset: int) -> Optional[dict]:
+        if d.logprobs is None:
+            return None
+        text = self.token_text
+        content = []
+        for j, (t, lp) in enumerate(zip(d.token_ids, d.logprobs)):
+            s = text(t)
+            tops = d.top_logprobs[j] if d.top_logprobs else {}
+            content.append({"token": s, "logprob": lp, "bytes": list(s.encode()),
+                            "top_logprobs": [{"token": text(i), "logprob": v, "bytes": list(text(i).encode())}
+                                             for i, v in tops.items()]})
+        return {"content": content}
+
+    def start(self) -> dict:
+        return {"role": "assistant", "content": ""}
+
+    def extend(self, choice: dict, d: StreamDelta, lp: Optional[dict]) -> None:
+        choice["message"]["content"] += d.text
+        if lp is not None:
+            choice["logprobs"] = {"content": (choice["logprobs"] or {"content": []})["content"] + lp["content"]}
+
+
+def router(s: Serving) -> APIRouter:
+    r = APIRouter()
+
+    @r.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, http: Request):
+        s.check_common(body)
+        slot, ids, params = await s.admit_and_prepare(body)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        streams = [s.llm.generate(ids[0], params)]  # one conversation: its samples are choices 0..n-1
+        choices = s.new_choices(body, ChatChoice(s.token_text), params.n, ids)
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": s.model_name}
+        return await s.respond(http, slot, body, streams, choices, head, "chat.completion")
+
+    return r

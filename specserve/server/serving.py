@@ -1,0 +1,198 @@
+"""What /v1/completions and /v1/chat/completions share around their choices (vLLM's serving_engine):
+checking a request against this server, tokenising it off the event loop, admitting it, merging its
+prompts' streams, and running it into an SSE stream or one JSON response while its metrics are
+observed. The routes (routes/completions.py, routes/chat.py) only say what differs: the prompts, the
+response's id and object, and their ChoiceFormat.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from typing import AsyncIterator, Optional
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from ..origins import OriginRuns
+from ..types import SamplingParams, StreamDelta
+from .choices import ChoiceFormat, Choices
+from .config import ServerConfig
+from .errors import ApiError
+from .limits import InFlight, SlotStreamingResponse
+from .metrics import RequestTracker, ServerMetrics
+from .protocol import ChatCompletionRequest, CompletionRequest, error_body
+
+
+class Serving:
+    """The engine (an AsyncLLM, used through its public API only) as the generating routes see it."""
+
+    def __init__(self, llm, cfg: ServerConfig, metrics: ServerMetrics, model_name: str):
+        self.llm, self.cfg, self.metrics, self.model_name = llm, cfg, metrics, model_name
+        self.in_flight = InFlight(cfg.max_concurrent_requests)
+        # a token's text, for logprobs: the same few thousand tokens come back in every response
+        self.token_text = functools.lru_cache(maxsize=65536)(
+            lambda tid: llm.tokenizer.decode([tid], skip_special_tokens=False))
+
+    def unknown_model(self, name: str) -> ApiError:
+        return ApiError(404, f"the model `{name}` does not exist (this server serves `{self.model_name}`)",
+                        "not_found_error", "model")
+
+    def check_common(self, body) -> None:
+        """What both endpoints refuse before any work: another model, unsupported values, n / best_of out of range."""
+        cfg = self.cfg
+        if body.model is not None and body.model != self.model_name:
+            raise self.unknown_model(body.model)
+        why = body.unsupported()
+        if why:
+            raise ApiError(400, why[0], param=why[1])
+        if not 1 <= body.n <= cfg.max_n:
+            raise ApiError(400, f"n must be in [1, {cfg.max_n}], got {body.n}", param="n")
+        if body.best_of is not None and not body.n <= body.best_of <= cfg.max_n:
+            raise ApiError(400, f"best_of must be in [n, {cfg.max_n}], got {body.best_of}", param="best_of")
+
+    def make_params(self, body, prompts_ids: list[list[int]]) -> SamplingParams:
+        llm = self.llm
+        try:
+            logprobs = body.logprobs_param()
+            longest = max(len(p) for p in prompts_ids)
+            room = llm.max_model_len - longest
+            # the rest of the context when not asked (chat, as vLLM), OpenAI's 16 for completions
+            default = max(1, min(16, room) if isinstance(body, CompletionRequest) else room)
+            params = body.sampling_params(default, logprobs)
+            for ids in prompts_ids:
+                llm.check(ids, params)
+        except ValueError as e:
+            raise ApiError(400, str(e).splitlines()[0]) from None
+        asked = body.asked_max_tokens()
+        if asked is not None and asked > room:  # as vLLM: refused, not silently cut at the context's end
+            raise ApiError(400, f"this model's maximum context length is {llm.max_model_len} tokens, but {longest + asked} "
+                                f"were requested ({longest} in the prompt, {asked} in the completion): lower max_tokens",
+                           param="max_tokens")
+        return params
+
+    def prepare(self, body, prompts) -> tuple[list[list[int]], SamplingParams]:
+        """Tokenise and check (run in a worker thread: a prompt of megabytes takes seconds)."""
+        if isinstance(body, ChatCompletionRequest):
+            try:
+                conv = [{"role": m.role, "content": m.text()} for m in body.messages]
+                ids = [self.llm.encode_chat(conv)]
+            except ValueError as e:
+                raise ApiError(400, f"messages: {str(e).splitlines()[0]}", param="messages") from None
+        else:
+            try:
+                ids = [self.llm.encode(p) for p in prompts]
+            except (TypeError, ValueError) as e:
+                raise ApiError(400, f"prompt: {e}", param="prompt") from None
+        return ids, self.make_params(body, ids)
+
+    async def admit_and_prepare(self, body, prompts=None):
+        """A slot in flight first (so a burst is refused before any work), then the prompt tokenised
+        off the event loop (the tokenizer releases the GIL: /health and other streams go on)."""
+        slot = self.in_flight.admit()
+        try:
+            ids, params = await asyncio.to_thread(self.prepare, body, prompts)
+        except BaseException:
+            slot.release()
+            raise
+        return slot, ids, params
+
+    def new_choices(self, body, fmt: ChoiceFormat, n: int, prompts_ids: list[list[int]]) -> Choices:
+        """The response's choice accumulator; its origin runs decode with the model's tokenizer, when asked."""
+        runs = (lambda: OriginRuns(self.llm.tokenizer)) if body.return_origins else None
+        return Choices(fmt, n, sum(len(p) for p in prompts_ids), runs)
+
+    async def respond(self, http: Request, slot, body, streams, choices: Choices, head: dict, whole_object: str):
+        """Run the admitted generation, its slot held until the response has been sent; a client gone
+        mid-way aborts it. head: a chunk's id, object, created and model; whole_object: the object a
+        non-streamed response names instead (chat's "chat.completion" for its chunks' "chat.completion.chunk")."""
+        if body.stream:
+            async def events():
+                async for chunk in self._chunks(body, streams, choices, head):
+                    yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
+                yield "data: [DONE]\n\n"
+            return SlotStreamingResponse(events(), slot, media_type="text/event-stream")
+        try:
+            task = asyncio.ensure_future(self._whole(streams, choices, {**head, "object": whole_object}))
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.5)
+                if done:
+                    return task.result()
+                if await http.is_disconnected():
+                    task.cancel()
+                    return Response(status_code=499)
+        finally:
+            slot.release()
+
+    async def _chunks(self, body, streams, choices: Choices, head: dict) -> AsyncIterator[dict]:
+        """A stream's events: a chunk per delta worth sending, then the usage if asked."""
+        tr = RequestTracker(self.metrics, choices.prompt_tokens)
+        async for pi, d in merged(streams):
+            tr.see(choices.index(pi, d), d)
+            if (e := dead_end(d)) is not None:
+                self.metrics.errors.labels(str(e.status)).inc()
+                yield error_body(e.message, e.type, e.status, e.param)
+                return  # merged, finalised, aborts the other samples
+            choice = choices.chunk(pi, d)
+            if choice is not None:
+                yield {**head, "choices": [choice]}
+        tr.done()
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield {**head, "choices": [], "usage": choices.usage()}
+
+    async def _whole(self, streams, choices: Choices, head: dict) -> dict:
+        tr = RequestTracker(self.metrics, choices.prompt_tokens)
+        async for pi, d in merged(streams):
+            tr.see(choices.index(pi, d), d)
+            if (e := dead_end(d)) is not None:
+                raise e
+            choices.add(pi, d)
+        tr.done()
+        return {**head, "choices": choices.choices(), "usage": choices.usage()}
+
+
+def dead_end(d: StreamDelta) -> Optional[ApiError]:
+    """A sample that finished with "error" (its grammar met a dead end: engine/guided.py): the
+    request's constraint asks for what the model cannot write, a 400 (vLLM finishes such a request
+    with "error" too). A non-streamed response raises it; a stream sends it as an error event."""
+    if d.finish_reason != "error":
+        return None
+    return ApiError(400, d.error or "guided generation reached a dead end")
+
+
+async def merged(streams: list[AsyncIterator[StreamDelta]]) -> AsyncIterator[tuple[int, StreamDelta]]:
+    """(prompt index, delta) from every prompt's stream as they come; closing it closes them all."""
+    if len(streams) == 1:
+        try:
+            async for d in streams[0]:
+                yield 0, d
+        finally:
+            await streams[0].aclose()
+        return
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, s):
+        try:
+            async for d in s:
+                await q.put((i, d))
+        except BaseException as e:
+            await q.put((i, e))
+            raise
+        finally:
+            await q.put((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    open_ = len(streams)
+    try:
+        while open_:
+            i, d = await q.get()
+            if d is None:
+                open_ -= 1
+            elif isinstance(d, BaseException):
+                raise d
+            else:
+                yield i, d
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
