@@ -130,3 +130,14 @@ def test_streamed_origins_run_per_choice_and_only_when_asked():
         (0, ["draft", "target"], [["d", "draft"], ["e", "target"]]), (1, [], [])]
     plain, _ = streamed(CompletionChoice(token_text), seq)
     assert all("origins" not in c and "origin_runs" not in c for c in plain)
+
+
+def test_a_choice_whose_first_delta_is_empty_still_collects_its_top_logprobs():
+    """A choice's first delta without tokens (its text held back, say) left top_logprobs None, and
+    the next delta's alternatives were then added to None: a 500 for the whole request."""
+    empty = StreamDelta(index=0, text="", token_ids=[], logprobs=[], top_logprobs=[])
+    later = StreamDelta(index=0, text="ab", token_ids=[0, 1], logprobs=[-0.5, -1.0],
+                        top_logprobs=[{0: -0.5}, {1: -1.0}], finish_reason="length")
+    (choice,), _ = whole(CompletionChoice(token_text), [(0, empty), (0, later)], n=1)
+    assert choice["text"] == "ab" and choice["logprobs"]["tokens"] == ["a", "b"]
+    assert choice["logprobs"]["top_logprobs"] == [{"a": -0.5}, {"b": -1.0}]

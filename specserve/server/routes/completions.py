@@ -46,8 +46,8 @@ class CompletionChoice:
                                       else None, "text_offset": []}
             for k in ("tokens", "token_logprobs", "text_offset"):
                 choice["logprobs"][k] += lp[k]
-            if lp["top_logprobs"] is not None:
-                choice["logprobs"]["top_logprobs"] += lp["top_logprobs"]
+            if lp["top_logprobs"] is not None:  # None so far where the choice's first delta had no tokens
+                choice["logprobs"]["top_logprobs"] = (choice["logprobs"]["top_logprobs"] or []) + lp["top_logprobs"]
         choice["text"] += d.text
 
 
