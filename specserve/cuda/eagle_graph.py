@@ -1,8 +1,8 @@
 """Greedy EAGLE chain drafting as CUDA graphs: one replay per draft token, one host sync per draft.
 
 Eagerly, each draft token cost a draft pass of ~35 launches plus its metadata, a softmax and a host
-sync to pick the token: on an H200 about what a graphed target step costs (c = 0.95 in
-bench/results/gpu run 1), so drafting ate what verification saved. Here the draft token never leaves the GPU:
+sync to pick the token: about what a graphed target step costs (docs/decisions.md#cuda-graphs), so
+drafting ate what verification saved. Here the draft token never leaves the GPU:
 per padded batch size two graphs are captured,
   head  f_hat -> the first token (argmax of the draft head over the final norm) and its probability
   step  (token, feature) -> the next feature through the draft layer -> the next token,
@@ -15,10 +15,10 @@ pick their beam on the host between levels): the drafter's eager path serves the
 draft pass (the catch-up on the target's new features, a tree's levels) runs the same fused kernels
 over static buffers (`forward_rows`), replayed as a graph captured at the pass's row count padded up
 (as the target's steps are: padding rows write no KV and attend to nothing), and without a graph past
-the largest (the catch-up on a whole prompt). Launched one by one from Python, the ~14 kernels of a
-catch-up pass took 0.9 ms of an H100 step (bench/results/gpu, profile). The draft tokens are what the
-eager path would draft up to float rounding of the fused kernels, and never change the output:
-verification decides.
+the largest (the catch-up on a whole prompt): launched one by one from Python, the ~14 kernels of a
+catch-up pass cost more than the target's whole graph replay (docs/decisions.md#cuda-graphs). The
+draft tokens are what the eager path would draft up to float rounding of the fused kernels, and never
+change the output: verification decides.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The element-wise ops of a static step, each one kernel on CUDA (Triton), with torch references.
 
-A graph replays every launch it captured; the torch forms of RMSNorm (7 kernels), RoPE (10 for q
-and k) and SwiGLU (3) made a decoder layer ~35 launches, ~1,000 for SmolLM2-135M's 30 layers: about
-2 ms a step at ~2 us a kernel, whatever the graph saves on the host. Fused, a layer is 9: add+norm, qkv, rope+KV
-store, attention, o, add+norm, gate_up, silu*up, down. Rounding follows the torch references
+A graph replays every launch it captured, and a small model's step is its launches, not its bytes:
+the torch forms of RMSNorm (7 kernels), RoPE (10 for q and k) and SwiGLU (3) made a decoder layer ~35
+launches (docs/decisions.md#cuda-graphs). Fused, a layer is 9: add+norm, qkv, rope+KV store,
+attention, o, add+norm, gate_up, silu*up, down. Rounding follows the torch references
 (models/layers.py): sums and products are rounded to the activations' dtype where those round.
 """
 from __future__ import annotations

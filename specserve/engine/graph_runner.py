@@ -1,8 +1,7 @@
 """ModelRunner with CUDA graphs: decode and verify steps replay a graph captured at the next token
 count up (cuda/plan.py), over static input buffers; prefill and mixed steps run the same fused
-kernels eagerly (9 ops a layer instead of the torch path's ~35: the eager engine's steps took 17.3 ms
-(median) for SmolLM2-135M on an H200, bench/results/gpu), or the model's own forward where the step
-does not fit the buffers or Triton is missing.
+kernels eagerly (9 ops a layer instead of the torch path's ~35; docs/decisions.md#cuda-graphs), or the
+model's own forward where the step does not fit the buffers or Triton is missing.
 
 This is vLLM's CUDA-graph runner in the engine's terms: graphs are captured once at start, largest
 first so the smaller ones share its memory pool; a step pads its tokens up to a captured size; the

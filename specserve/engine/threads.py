@@ -2,13 +2,12 @@
 torch.set_num_threads in).
 
 OpenMP threads spin at each of a step's many barriers. On an idle machine that is the fastest choice
-(waking sleeping threads costs more: OMP_WAIT_POLICY=PASSIVE is ~2.5x slower idle on a 2-core VM), but
-when another busy process takes a core, every barrier waits for whichever of our threads the OS has
-descheduled, and a step runs ~3x slower than with one thread fewer (bench/results/threads-*.md).
+(waking sleeping threads costs more), but when another busy process takes a core, every barrier waits
+for whichever of our threads the OS has descheduled, and a step runs several times slower than with
+one thread fewer (docs/decisions.md#threads).
 
 The signal: spinning counts as CPU time, so over a window of steps an unhindered process gets CPU
-time / wall time ~ its thread count n; beside a competitor it gets visibly less (n=2: ~1.9 idle vs
-~1.2-1.45 busy, measured per step). Below n - MARGIN the governor drops to the share it got; every
+time / wall time ~ its thread count n; beside a competitor it gets visibly less. Below n - MARGIN the governor drops to the share it got; every
 `probe_s` it runs one window at n again to see whether the competitor left. Outputs do not depend on
 the thread count (the block kernels give each output column to one thread), so switching is safe.
 """

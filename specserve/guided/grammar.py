@@ -4,7 +4,7 @@ next, which tokens are forced, and takes tokens (and gives them back, for reject
 
 The grammar engine is llguidance (Microsoft's Rust implementation of constrained decoding, the one
 behind vLLM's and SGLang's "guidance" backends). It was chosen over xgrammar by measuring both on this
-CPU with this tokenizer (`specserve bench guided`, bench/results/guided-*.md). xgrammar computes a
+CPU with this tokenizer (`specserve bench guided`; docs/decisions.md#grammar-engine). xgrammar computes a
 mask faster, but both take a small fraction of a decode step. llguidance compiles a schema much
 faster, and it computes forced tokens (fast-forward) itself. It also installs as one 3 MB wheel with
 no dependencies, where xgrammar requires triton. Torch-free: the masks are int32 bitmasks that

@@ -10,15 +10,12 @@ import torch
 from .. import kernels
 from ..loading.weights import QuantizedWeight, as_dense
 
-# Up to this many rows the block kernel beats dense fp32 (each unpacked block feeds up to 8 rows;
-# dense fp32 reads 4.8x the bytes and MKL is poor at few rows); above it (prefill) dense
-# matrix-matrix products win, so blocked layers also keep a dense copy. Measured with
-# bench/profile_decode.py on the embedded model (blocks win to ~32 rows, dense from 64).
+# Up to this many rows the block kernel beats dense fp32 (an unpacked block feeds several rows, and
+# dense fp32 reads several times the bytes); above it (prefill) dense matrix-matrix products win, so
+# Q4_0/Q4_1 layers also keep a dense copy. Measurements: docs/decisions.md#block-kernel-rows.
 BLOCK_KERNEL_MAX_ROWS = 32
-# With AMX tiles (weights with a copy for block_matmul_amx.cpp, which takes passes of 9+ rows) the
-# block kernel wins far longer: ahead of dense at every size measured up to 2048 rows, by less past
-# ~1,000 (all layers' and the head's products; the table is in the README's AMX section, measured on
-# the 2-core Xeon of bench/results/spec-cpu-20261123-171653.md).
+# With AMX tiles (block_matmul_amx.cpp, passes of 9+ rows) the block kernel stays ahead of dense far
+# longer (docs/decisions.md#block-kernel-rows).
 BLOCK_KERNEL_MAX_ROWS_AMX = 1024
 # Regrouped for block_matmul.cpp (and its AMX build); other block types run in place (GgufWeight).
 LEGACY_BLOCK_TYPES = ("Q4_0", "Q4_1")

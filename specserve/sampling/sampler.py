@@ -23,9 +23,8 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 # Nucleus candidates: a language model's top-p set almost always lies within its 1024 likeliest tokens,
-# and topk(1024) costs about an eighth of sorting a 49k vocabulary (0.2 vs 1.6 ms a row on the 2-core
-# CPU of bench/results/nbest-20261124-224145.md, where sorting had cost more per sampled row than the
-# model's pass); rows whose nucleus reaches past them sort in full. The same tokens and probabilities.
+# and topk(1024) costs a fraction of sorting the whole vocabulary (docs/decisions.md#top-p-candidates);
+# rows whose nucleus reaches past them sort in full. The same tokens and probabilities.
 TOP_P_CANDIDATES = 1024
 
 
