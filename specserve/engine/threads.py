@@ -7,9 +7,10 @@ for whichever of our threads the OS has descheduled, and a step runs several tim
 one thread fewer (docs/decisions.md#threads).
 
 The signal: spinning counts as CPU time, so over a window of steps an unhindered process gets CPU
-time / wall time ~ its thread count n; beside a competitor it gets visibly less. Below n - MARGIN the governor drops to the share it got; every
-`probe_s` it runs one window at n again to see whether the competitor left. Outputs do not depend on
-the thread count (the block kernels give each output column to one thread), so switching is safe.
+time / wall time ~ its thread count n; beside a competitor it gets visibly less. Below n - MARGIN
+the governor drops to the share it got; every `probe_s` it runs one window at n again to see whether
+the competitor left. Outputs do not depend on the thread count (the block kernels give each output
+column to one thread), so switching is safe.
 """
 from __future__ import annotations
 
