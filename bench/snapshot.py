@@ -3,7 +3,8 @@
     python bench/snapshot.py OUT.json [--prompts 16] [--max-tokens 48]
     python bench/snapshot.py --diff A.json B.json
 
-Covers regular decoding and every speculative method (greedy, fallback on and off), batch 1 and 8,
+Covers regular decoding and every registered speculative method (greedy, fallback on and off,
+chains and trees), batch 1 and 8,
 on HumanEval prompts, plus seeded sampling (n = 2) with and without speculation. Greedy and seeded
 outputs must be identical across commits that claim no behaviour change.
 """
@@ -25,6 +26,15 @@ CONFIGS = {
     "lookup": {"method": "lookup"},
     "lookup+draft": {"method": "lookup+draft"},
     "lookup+draft-nofallback": {"method": "lookup+draft", "fallback": False},
+    "draft-tree-nofallback": {"method": "draft", "shape": "tree", "fallback": False},
+    "draft-auto-shape": {"method": "draft", "shape": "auto"},
+    "ngram-nofallback": {"method": "ngram", "fallback": False},
+    "suffix": {"method": "suffix"},
+    "suffix-nofallback": {"method": "suffix", "fallback": False},
+    "suffix+draft-tree": {"method": "suffix+draft", "shape": "tree", "fallback": False},
+    "auto": {"method": "auto"},
+    "lookahead-nofallback": {"method": "lookahead", "fallback": False},
+    "staged-target-lookup": {"method": "staged", "stages": ["target", "lookup"], "fallback": False},
 }
 
 
