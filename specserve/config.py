@@ -126,7 +126,6 @@ class SpeculativeConfig:
     # on CPU (the C++ paged kernel, no padding work), pad on CUDA (one kernel instead of one per
     # sequence); both chosen by the PAD/SPLIT ablation of `specserve bench spec` on each device.
     attention: str = option("auto", "ragged verification attention", choices=ATTENTION)
-    # skip drafting on steps where the measured costs say it would not pay
     fallback: bool = option(True, "let the cost model skip drafting where it would not pay (--no-fallback: always draft)")
     lookup_max_ngram: int = option(4, "the longest suffix n-gram prompt lookup matches")
     # the "ngram" method's Katz model (`specserve build-ngram`); None: one built from the standard

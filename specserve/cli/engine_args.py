@@ -37,11 +37,17 @@ def spec_from_args(args: argparse.Namespace) -> Optional[dict[str, Any]]:
     return {"method": args.speculative, **dataclass_values(args, SpeculativeConfig)}
 
 
-def add_guided_args(p: argparse.ArgumentParser) -> None:
-    """A flag per guided kind (registry.GUIDED), at most one on a command line; --no-fast-forward."""
-    group = p.add_mutually_exclusive_group()
+def _guided_flags():
+    """(kind, flag, its dest, what it takes) per registry.GUIDED kind."""
     for kind in GUIDED.names():
         flag, value = GUIDED.meta(kind)["flag"], GUIDED.meta(kind)["value"]
+        yield kind, flag, flag[2:].replace("-", "_"), value
+
+
+def add_guided_args(p: argparse.ArgumentParser) -> None:
+    """A flag per guided kind, at most one on a command line; --no-fast-forward (GuidedConfig)."""
+    group = p.add_mutually_exclusive_group()
+    for kind, flag, _, value in _guided_flags():
         if value == "none":
             group.add_argument(flag, action="store_true", help=GUIDED.help(kind))
         else:
@@ -51,9 +57,8 @@ def add_guided_args(p: argparse.ArgumentParser) -> None:
 
 def guided_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """SamplingParams' guided_KIND field from add_guided_args's flags ({} for none)."""
-    for kind in GUIDED.names():
-        flag, value = GUIDED.meta(kind)["flag"], GUIDED.meta(kind)["value"]
-        given = getattr(args, flag[2:].replace("-", "_"))
+    for kind, _, dest, value in _guided_flags():
+        given = getattr(args, dest)
         if given:
             return {f"guided_{kind}": _GUIDED_VALUE[value](given)}
     return {}
