@@ -1,26 +1,48 @@
-"""Engine configuration as dataclasses; the CLI's flags map onto these one to one. Stdlib only."""
+"""Engine configuration as dataclasses. Stdlib only.
+
+A field made with `option(...)` is also a command-line flag (cli/args.py generates it): its help text,
+and where they differ from the field's, its flag name, argparse type and choices, are written here
+once. Fields made without it are set from Python only (LLM(...)).
+"""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
-from .registry import ATTENTION, DRAFTERS, POLICIES, SHAPES
+from .registry import ATTENTION, DRAFTERS, POLICIES, SHAPES, Registry
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+def option(default: Any, help: str, *, flag: Optional[str] = None, parse: Optional[str] = None,
+           choices: Union[tuple, Registry, None] = None) -> Any:
+    """A dataclass field that is also a flag. flag: its name when not --field-name ("--no-x" on a bool:
+    the flag turns it off, with no --x); parse: the name of an argparse type in cli/args.PARSERS (the
+    default: the field's own type); choices: the values allowed (a Registry: its names, read when the
+    parser is built, and its entries' help listed in the flag's)."""
+    return field(default=default, metadata={"help": help, "flag": flag, "parse": parse, "choices": choices})
+
+
 @dataclass
 class ModelConfig:
-    model: Optional[str] = None  # None: the embedded SmolLM2-135M-Instruct GGUF
-    dtype: str = "auto"  # auto: float32 on CPU (with GGUF block kernels: fastest and exact), bfloat16 on CUDA
-    device: str = "cpu"
+    model: Optional[str] = option(
+        None, "a .gguf file, an HF directory, or a known model's name (specserve models; pulled on first use) "
+              "(default: embedded SmolLM2-135M)", parse="model_path")
+    # auto: float32 on CPU (with GGUF block kernels: fastest and exact), bfloat16 on CUDA
+    dtype: str = option("auto", "auto: float32 on CPU, bfloat16 on CUDA", choices=DTYPES)
+    device: str = option("cpu", "cpu or cuda[:N]")
     # On CPU in float32, GGUF Q4_0/Q4_1/Q8_0 weights stay in their blocks and run through the block
     # kernels for small batches; False forces dense fp32 everywhere (same results, slower).
     block_kernels: bool = True
-    num_threads: Optional[int] = None  # pinned CPU threads; None: all cores, governed by load (engine/threads.py)
+    # None: all cores, governed by load (engine/threads.py)
+    num_threads: Optional[int] = option(
+        None, "pin the CPU threads (default: all cores, fewer while other processes compete)", flag="--threads",
+        parse="positive_int")
     # On CUDA, decode and verify steps replay CUDA graphs (engine/graph_runner.py); False: every step eager.
-    cuda_graphs: bool = True
+    cuda_graphs: bool = option(
+        True, "on CUDA, run every step eagerly (default: decode and verify steps replay CUDA graphs)",
+        flag="--no-cuda-graphs")
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -43,11 +65,14 @@ class ModelConfig:
 @dataclass
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
-    kv_cache_gib: float = 1.0  # memory for the paged KV cache
+    kv_cache_gib: float = option(1.0, "memory for the paged KV cache, allocated up front (default 1 GiB)",
+                                 parse="positive_float")
     num_blocks: Optional[int] = None  # overrides kv_cache_gib when set
     # reuse the KV of full blocks another request computed for the same tokens (kv/block_manager.py);
     # off with drafters that read the target's hidden states (EAGLE)
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = option(
+        True, "compute every prompt in full (default: reuse the KV blocks of a prefix computed before)",
+        flag="--no-prefix-caching")
 
     def __post_init__(self):
         _check_int("block_size", self.block_size, 1)
@@ -60,13 +85,15 @@ class CacheConfig:
 
 @dataclass
 class SchedulerConfig:
-    max_num_seqs: int = 64  # sequences decoded together
+    max_num_seqs: int = option(64, "most sequences in one batch", parse="positive_int")
     max_num_batched_tokens: int = 2048  # tokens per forward pass (prefill chunks + decodes)
     max_model_len: Optional[int] = None  # None: the model's context length (it cannot exceed it)
     # SARATHI: prompt tokens per step after the running decodes. "auto": measured on this machine when
     # the engine starts (engine/chunking.py: the smallest chunk whose prefill rate is within 10% of the
     # best); an int: that many; None: whole prompts, up to max_num_batched_tokens a step.
-    prefill_chunk: Union[int, str, None] = "auto"
+    prefill_chunk: Union[int, str, None] = option(
+        "auto", "prompt tokens per step beside the running decodes (SARATHI): auto (measured at start), a number, "
+                "or none (whole prompts)", parse="prefill_chunk")
 
     def __post_init__(self):
         _check_int("max_num_seqs", self.max_num_seqs, 1)
@@ -86,36 +113,42 @@ def _check_int(name: str, value, lowest: int, highest: Optional[int] = None) -> 
 
 @dataclass
 class SpeculativeConfig:
-    """Speculative decoding. LLM(speculative={...}) takes these fields as a dict."""
+    """Speculative decoding. LLM(speculative={...}) takes these fields as a dict; the CLI's flags are
+    these fields (method: --speculative, with "none" for regular decoding: cli/engine_args.py)."""
 
-    method: str = "draft"  # a name in registry.DRAFTERS: "draft", "lookup", "lookup+draft"
-    draft_model: Optional[str] = None  # None: the draft shipped for the embedded model
-    draft_len: Union[str, int] = "auto"  # K: fixed k / BASS l0 / threshold limit; "auto": the policy's default
-    policy: str = "bass"  # a name in registry.POLICIES: "bass" (Algorithm 1), "fixed", "threshold"
+    method: str = "draft"  # a name in registry.DRAFTERS
+    # None: the draft shipped for the embedded model
+    draft_model: Optional[str] = option(None, "an EAGLE draft dir or a model with the target's tokenizer",
+                                        parse="model_path")
+    draft_len: Union[str, int] = option("auto", "auto, or K: fixed k / BASS l0 / threshold limit")
+    policy: str = option("bass", "draft-length policy", choices=POLICIES)
     # Ragged verification attention: "split" (per sequence) or "pad" (one padded batch). "auto": split
     # on CPU (the C++ paged kernel, no padding work), pad on CUDA (one kernel instead of one per
     # sequence); both chosen by the PAD/SPLIT ablation of `specserve bench spec` on each device.
-    attention: str = "auto"
-    fallback: bool = True  # skip drafting on steps where the measured costs say it would not pay
-    lookup_max_ngram: int = 4  # the longest suffix n-gram prompt lookup matches
+    attention: str = option("auto", "ragged verification attention", choices=ATTENTION)
+    fallback: bool = option(True, "let the cost model skip drafting where it would not pay (--no-fallback: always draft)")
+    lookup_max_ngram: int = option(4, "the longest suffix n-gram prompt lookup matches")
     # the "ngram" method's Katz model (`specserve build-ngram`); None: one built from the standard
     # library for the target's tokenizer on first use, then cached
-    ngram_model: Optional[str] = None
+    ngram_model: Optional[str] = option(
+        None, "the ngram method's model (specserve build-ngram; default: built from the stdlib, cached)",
+        parse="model_path")
     # the "staged" method's levels, top down: each drafts for the one before it (the first for the
     # target). Model stages: "draft" (draft_model, a standalone model), "target" (the serving model
     # itself), or a model path; the last may also be "ngram" or "lookup" (drafters/staged.py).
-    stages: tuple = ("draft", "ngram")
+    stages: tuple = option(("draft", "ngram"), "the staged method's levels, top down: draft (--draft-model), target, "
+                                               "or a model path; the last may be ngram or lookup")
     # Token trees (drafters that make them: the EAGLE draft): a name in registry.SHAPES, and the tree's
     # width (drafters.TreeShape): top-k children per expanded node, nodes expanded per level, nodes kept.
     # lookahead decoding (drafters/lookahead.py): the Jacobi window's width W, the n-gram size N (N - 1
     # levels of W guesses) and at most G pool n-grams verified per step
-    lookahead_window: int = 4
-    lookahead_ngram: int = 3
-    lookahead_guesses: int = 4
-    shape: str = "chain"
-    tree_top_k: int = 4
-    tree_beam: int = 4
-    tree_max_nodes: int = 15
+    lookahead_window: int = option(4, "the lookahead method's Jacobi window W")
+    lookahead_ngram: int = option(3, "the lookahead method's n-gram size N (N - 1 levels of guesses)")
+    lookahead_guesses: int = option(4, "the lookahead method's pool n-grams verified per step, G")
+    shape: str = option("chain", "draft shape", choices=SHAPES)
+    tree_top_k: int = option(4, "a tree's children per expanded node")
+    tree_beam: int = option(4, "a tree's nodes expanded per level")
+    tree_max_nodes: int = option(15, "a tree's nodes at most")
 
     def resolved_attention(self, device: str) -> str:
         if self.attention != "auto":
@@ -171,7 +204,9 @@ class GuidedConfig:
 
     # append the tokens a grammar forces without sampling them, computed in the next pass as a prefill
     # chunk (the same tokens sampling would give: their constrained probability is 1)
-    fast_forward: bool = True
+    fast_forward: bool = option(
+        True, "sample the tokens a grammar forces instead of appending them (same output, slower)",
+        flag="--no-fast-forward")
 
     def __post_init__(self):
         if not isinstance(self.fast_forward, bool):
@@ -180,13 +215,13 @@ class GuidedConfig:
 
 @dataclass
 class LoadConfig:
-    """Checks of a model before it is trusted (loading/validate.py); the CLI's flags are these fields.
+    """Checks of a model before it is trusted (loading/validate.py).
     Always: the header's hyper-parameters in range and consistent with the tensor table and the file."""
 
-    # read every tensor once for NaN/Inf block scales and values (llama.cpp's --check-tensors)
-    check_tensors: bool = False
-    # refuse, before allocating, a model whose weights + KV cache exceed the memory available
-    check_memory: bool = True
+    check_tensors: bool = option(  # llama.cpp's --check-tensors
+        False, "read every tensor for NaN/Inf block scales and values before serving (as llama.cpp's)")
+    check_memory: bool = option(  # checked before anything is allocated
+        True, "refuse a model whose weights + KV cache exceed the memory available (default: on)")
 
     def __post_init__(self):
         for name in ("check_tensors", "check_memory"):

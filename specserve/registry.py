@@ -28,20 +28,32 @@ class Registry:
         self.kind = kind
         self._entries: dict[str, Any] = {}
         self._help: dict[str, str] = {}
+        self._meta: dict[str, dict[str, Any]] = {}
 
-    def register(self, name: str, target: Union[str, Any], help: str = "") -> None:
+    def register(self, name: str, target: Union[str, Any], help: str = "", **meta: Any) -> None:
+        """meta: what other layers need to know of the name (GUIDED's entries: their CLI flag), kept here
+        so that the name is still listed once."""
         self._entries[name] = target
         self._help[name] = help
+        self._meta[name] = meta
 
     def unregister(self, name: str) -> None:
         self._entries.pop(name, None)
         self._help.pop(name, None)
+        self._meta.pop(name, None)
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)
 
     def help(self, name: str) -> str:
         return self._help.get(name, "")
+
+    def meta(self, name: str) -> dict[str, Any]:
+        return self._meta.get(name, {})
+
+    def described(self) -> str:
+        """"name: help; ..." of every entry (a flag's --help lists its choices this way)."""
+        return "; ".join(f"{n}: {self.help(n)}" for n in self._entries)
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
@@ -164,15 +176,18 @@ MODELS.register("gemma-3-270m", KnownModel(
 
 
 # --- guided generation -----------------------------------------------------------------------------
-# Constraint kinds a request may carry (SamplingParams.guided_*; guided/grammar.py compiles each).
+# Constraint kinds a request may carry: kind K is SamplingParams.guided_K (the server's guided_K extra)
+# and guided/grammar.py compiles it. flag/value: `specserve generate`'s flag for it and what the flag
+# takes (cli/engine_args.py): a file's text, the text itself, comma-separated strings, or nothing.
 GUIDED = Registry("guided kind")
 GUIDED.register("json", "specserve.guided.grammar:json_grammar",
-                "a JSON Schema (dict or JSON text): guided_json, --json-schema FILE")
+                "the output is JSON valid against this JSON Schema", flag="--json-schema", value="file")
 GUIDED.register("json_object", "specserve.guided.grammar:json_object_grammar",
-                "any JSON object (the OpenAI server's response_format json_object)")
+                "the output is a JSON object (the OpenAI server's response_format json_object)",
+                flag="--json-object", value="none")
 GUIDED.register("regex", "specserve.guided.grammar:regex_grammar",
-                "a regular expression the whole output matches: guided_regex, --regex")
+                "the output matches this regular expression", flag="--regex", value="text")
 GUIDED.register("choice", "specserve.guided.grammar:choice_grammar",
-                "one of a list of strings: guided_choice, --choice a,b,c")
+                "the output is one of these comma-separated strings", flag="--choice", value="list")
 GUIDED.register("grammar", "specserve.guided.grammar:lark_grammar",
-                "a Lark or GBNF grammar: guided_grammar, --grammar FILE")
+                "the output follows this Lark or GBNF grammar", flag="--grammar", value="file")

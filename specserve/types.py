@@ -9,7 +9,9 @@ import math
 import numbers
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+
+from .registry import GUIDED
 
 if TYPE_CHECKING:
     import torch
@@ -109,8 +111,7 @@ class SamplingParams:
         if not isinstance(self.logprobs, bool) and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise ValueError(f"logprobs must be True/False or an integer k in [0, {MAX_TOP_LOGPROBS}] (the k most likely "
                              f"tokens too), got {self.logprobs!r}")
-        set_ = [k for k in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
-                if getattr(self, k) is not None] + (["guided_json_object"] if self.guided_json_object else [])
+        set_ = [f"guided_{kind}" for kind, _ in self._guided_set()]
         if len(set_) > 1:
             raise ValueError(f"set at most one guided constraint, got {', '.join(set_)}")
         if self.guided_json is not None and not isinstance(self.guided_json, (dict, str)):
@@ -130,18 +131,21 @@ class SamplingParams:
                 or not all(_is_real(v) and -100 <= v <= 100 for v in self.logit_bias.values())):
             raise ValueError(f"logit_bias must map token ids (integers >= 0) to numbers in [-100, 100], got {self.logit_bias!r}"[:300])
 
+    def _guided_set(self) -> list[tuple[str, Any]]:
+        """(kind, value) of each guided_<kind> field set, kinds as registry.GUIDED lists them (unset: None,
+        or False for a kind that is a switch, json_object)."""
+        out = []
+        for kind in GUIDED.names():
+            value = getattr(self, f"guided_{kind}")
+            if value is not None and value is not False:
+                out.append((kind, value))
+        return out
+
     def guided(self) -> Optional[tuple[str, object]]:
-        """(kind, constraint) as registry.GUIDED names it, or None."""
-        if self.guided_json is not None:
-            return "json", self.guided_json
-        if self.guided_json_object:
-            return "json_object", None
-        if self.guided_regex is not None:
-            return "regex", self.guided_regex
-        if self.guided_choice is not None:
-            return "choice", list(self.guided_choice)
-        if self.guided_grammar is not None:
-            return "grammar", self.guided_grammar
+        """(kind, constraint) as registry.GUIDED names it, or None. A switch (json_object) carries no
+        constraint of its own (None); a list of choices is copied (the caller's may change)."""
+        for kind, value in self._guided_set():
+            return kind, None if value is True else list(value) if isinstance(value, (list, tuple)) else value
         return None
 
     @property

@@ -13,6 +13,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from ..cli.engine_args import llm_kwargs
 from ..engine.llm import LLM
 from ..types import SamplingParams
 from . import peers
@@ -90,8 +91,7 @@ def run_decode_bench(args) -> dict:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     wanted = set(args.peers.split(",")) if args.peers else set()
     prompts = humaneval_prompts(args.prompts)
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-              kv_cache_gib=args.kv_cache_gib)
+    llm = LLM(**llm_kwargs(args))
     if not llm.engine.model_path.endswith(".gguf") and wanted & {"hf-fp32", "hf-bf16", "llama.cpp"}:
         print("peers load the same GGUF; with a non-GGUF model only the engine runs")
         wanted = set()

@@ -16,6 +16,7 @@ from typing import Optional
 
 from tqdm.auto import tqdm
 
+from ..cli.engine_args import llm_kwargs
 from ..engine.llm import LLM
 from ..types import SamplingParams
 from .guided_set import SCHEMAS
@@ -37,8 +38,8 @@ def _invalid(text: str, schema: dict) -> Optional[str]:
 
 def _engines(args) -> dict:
     spec = {"method": args.speculative, "fallback": True}
-    kw = dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads, kv_cache_gib=args.kv_cache_gib)
-    plain, no_ff, specl = LLM(**kw), LLM(guided_fast_forward=False, **kw), LLM(speculative=spec, **kw)
+    plain, no_ff = LLM(**llm_kwargs(args)), LLM(**llm_kwargs(args, guided_fast_forward=False))
+    specl = LLM(**llm_kwargs(args, speculative=spec))
     return {"unconstrained": (plain, False), "constrained": (no_ff, True), "constrained+ff": (plain, True),
             "constrained+ff+spec": (specl, True), "unconstrained+spec": (specl, False)}
 

@@ -15,6 +15,7 @@ import time
 
 from tqdm.auto import tqdm
 
+from ..cli.engine_args import llm_kwargs
 from ..engine.llm import LLM
 from ..types import SamplingParams
 from .humaneval import humaneval_problems
@@ -45,8 +46,7 @@ def _answer(llm: LLM, problem: dict, prompt: list[int], b: int, args, seed: int,
 
 
 def run_nbest_bench(args) -> dict:
-    kw = dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-              kv_cache_gib=args.kv_cache_gib, enable_prefix_caching=False)
+    kw = llm_kwargs(args, enable_prefix_caching=False)
     spec_cfg = {"method": args.speculative, "policy": "bass"}
     engines = {"regular": LLM(**kw), "speculative": LLM(speculative=spec_cfg, **kw)}
     problems = humaneval_problems()[:args.problems]

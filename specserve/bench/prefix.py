@@ -17,6 +17,7 @@ import time
 
 from tqdm.auto import tqdm
 
+from ..cli.engine_args import llm_kwargs
 from ..engine.llm import LLM
 from ..types import SamplingParams
 from .machine import cpu
@@ -53,8 +54,8 @@ def system_prompt(tokenizer, num_tokens: int) -> str:
 
 
 def run_prefix_bench(args) -> dict:
-    kw = dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads, kv_cache_gib=args.kv_cache_gib)
-    engines = {"cached": LLM(enable_prefix_caching=True, **kw), "uncached": LLM(enable_prefix_caching=False, **kw)}
+    engines = {"cached": LLM(**llm_kwargs(args, enable_prefix_caching=True)),
+               "uncached": LLM(**llm_kwargs(args, enable_prefix_caching=False))}
     tok = engines["cached"].tokenizer
     system = system_prompt(tok, args.prefix_tokens)
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)

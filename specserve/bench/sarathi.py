@@ -16,6 +16,7 @@ import time
 
 from tqdm.auto import tqdm
 
+from ..cli.engine_args import llm_kwargs
 from ..engine.llm import LLM
 from ..types import SamplingParams
 from .machine import cpu
@@ -68,11 +69,10 @@ def _one_round(llm: LLM, decoders: list[list[int]], longs: list[list[int]], arri
 
 
 def run_sarathi_bench(args) -> dict:
-    kw = dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-              kv_cache_gib=args.kv_cache_gib, enable_prefix_caching=False)  # every round prefills in full
-    engines = {"whole-prompt prefill": LLM(prefill_chunk=None, **kw), "chunked (SARATHI)": LLM(prefill_chunk="auto", **kw)}
+    kw = lambda chunk: llm_kwargs(args, enable_prefix_caching=False, prefill_chunk=chunk)  # every round prefills in full
+    engines = {"whole-prompt prefill": LLM(**kw(None)), "chunked (SARATHI)": LLM(**kw("auto"))}
     if args.chunk:
-        engines[f"chunked {args.chunk}"] = LLM(prefill_chunk=args.chunk, **kw)
+        engines[f"chunked {args.chunk}"] = LLM(**kw(args.chunk))
     tok = next(iter(engines.values())).tokenizer
     chat = lambda text: tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]),  # noqa: E731
                                    add_special_tokens=False)

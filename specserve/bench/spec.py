@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 from tqdm.auto import tqdm
 
+from ..cli.engine_args import llm_kwargs
 from ..engine.llm import LLM
 from ..types import SamplingParams
 from . import peers, spec_shapes
@@ -188,8 +189,7 @@ def run_spec_bench(args) -> dict:
     problems = humaneval_problems()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     settings = [x for x in args.settings.split(",") if x and x != "none"]
-    common = dict(model=args.model, dtype=args.dtype, device=args.device, num_threads=args.threads,
-                  kv_cache_gib=args.kv_cache_gib, max_num_seqs=max(batch_sizes))
+    common = llm_kwargs(args, max_num_seqs=max(batch_sizes))
     rd = LLM(**common)
     spec_cfg = {"method": args.speculative, "policy": args.policy, "attention": args.attention, "draft_len": args.draft_len}
     if args.draft_model:

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 from tqdm.auto import tqdm
 
+from ..cli.engine_args import llm_kwargs
 from ..engine.llm import LLM
 from ..spec.hierarchy import Level, chain_gain
 from ..types import SamplingParams
@@ -50,10 +51,9 @@ def _kv_bytes_per_token(arch) -> int:
 def run_staged_bench(args) -> dict:
     torch.set_num_threads(args.threads or os.cpu_count())
     problems = humaneval_problems()[args.first:args.first + args.prompts]
-    rd = LLM(model=args.model, num_threads=args.threads, kv_cache_gib=args.kv_cache_gib)
+    rd = LLM(**llm_kwargs(args))
     configs = _configs(args, rd.engine.model_path)
-    llms = {name: rd if cfg is None else LLM(model=args.model, num_threads=args.threads, kv_cache_gib=args.kv_cache_gib,
-                                             speculative=cfg) for name, cfg in configs.items()}
+    llms = {name: rd if cfg is None else LLM(**llm_kwargs(args, speculative=cfg)) for name, cfg in configs.items()}
     for llm in llms.values():
         llm.generate(problems[0]["prompt"], SamplingParams(temperature=0, max_tokens=8))
     w_target = rd.engine.model.weight_bytes
@@ -118,8 +118,8 @@ def run_staged_bench(args) -> dict:
 def threshold_table(rd: LLM, args) -> dict:
     """Per survey prompt: tokens/s of regular decoding and of threshold / fixed-k drafting (the shipped
     draft, no fallback: the policies themselves are compared), interleaved per prompt."""
-    llms = {name: LLM(model=args.model, num_threads=args.threads, kv_cache_gib=args.kv_cache_gib,
-                      speculative=dict(method="draft", fallback=False, **cfg)) for name, cfg in THRESHOLD_CONFIGS.items()}
+    llms = {name: LLM(**llm_kwargs(args, speculative=dict(method="draft", fallback=False, **cfg)))
+            for name, cfg in THRESHOLD_CONFIGS.items()}
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     for llm in llms.values():
         llm.generate(THRESHOLD_PROMPTS[0], SamplingParams(temperature=0, max_tokens=8))

@@ -1,9 +1,20 @@
-"""argparse types that reject bad numbers with one line, and dataclass configs as flags (shared by
-every subcommand)."""
+"""argparse types that reject bad values with one line, and config dataclasses as flags (shared by
+every subcommand). Stdlib only: the parser is built before torch is imported."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
+from typing import Any, Callable, Iterable, Optional
+
+from ..registry import MODELS, Registry
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        print(f"specserve: error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _checked(convert, ok, rule: str):
@@ -22,14 +33,65 @@ temperature = _checked(float, lambda v: 0 <= v < float("inf"), "a finite number 
 positive_float = _checked(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
 
 
-def add_dataclass_args(p: argparse.ArgumentParser, config_cls, help: dict) -> None:
-    """One flag per field of a config dataclass (`max_n` -> `--max-n`), its default the field's:
-    bools as --x/--no-x, ints and floats typed, anything else (str, Optional[str]) as a string."""
+def model_path(s: str) -> str:
+    """A file or directory, or a known model's name (pulled on first use)."""
+    if not os.path.exists(s) and s not in MODELS:
+        raise argparse.ArgumentTypeError(f"{s}: no such file or directory, and not a known model "
+                                         f"({', '.join(MODELS.names())}; see specserve models)")
+    return s
+
+
+def prefill_chunk(text: str):
+    """auto, none (None: whole prompts) or a number of tokens."""
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    return positive_int(text)
+
+
+# The argparse types a config field's `parse` names (config.option).
+PARSERS: dict[str, Callable[[str], Any]] = {
+    "positive_int": positive_int, "positive_float": positive_float, "model_path": model_path,
+    "prefill_chunk": prefill_chunk}
+_BY_TYPE = {"int": int, "float": float}  # a field's annotation (a string: `from __future__ import annotations`)
+
+
+def flag_of(f: dataclasses.Field) -> Optional[tuple[str, str]]:
+    """(flag, dest) of a field made with config.option, None for the others. The dest is argparse's own
+    (from the flag's name), except for "--no-x" flags, which store into the field's name."""
+    if "help" not in f.metadata:
+        return None
+    flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+    negative = flag.startswith("--no-") and str(f.type) == "bool"
+    return flag, f.name if negative else flag[2:].replace("-", "_")
+
+
+def _flags(config_cls, skip: Iterable[str]):
     for f in dataclasses.fields(config_cls):
-        flag = "--" + f.name.replace("_", "-")
-        kind = str(f.type)
-        if kind == "bool":
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help.get(f.name))
-        else:
-            p.add_argument(flag, type={"int": int, "float": float}.get(kind, str), default=f.default,
-                           help=help.get(f.name))
+        fd = flag_of(f)
+        if fd is not None and f.name not in skip:
+            yield f, fd[0], fd[1]
+
+
+def add_dataclass_args(p: argparse.ArgumentParser, config_cls, skip: Iterable[str] = ()) -> None:
+    """One flag per field made with config.option (`max_n` -> `--max-n`), its default the field's:
+    bools as --x/--no-x (or only --no-x where that is the field's flag), ints and floats typed, anything
+    else (str, Optional[str]) as a string unless the field names a parser; tuples as "a,b"."""
+    for f, flag, dest in _flags(config_cls, skip):
+        m, help = f.metadata, f.metadata["help"]
+        if str(f.type) == "bool":
+            if dest == f.name and flag.startswith("--no-"):
+                p.add_argument(flag, dest=dest, action="store_false", help=help)
+            else:
+                p.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=f.default, help=help)
+            continue
+        choices = m.get("choices")
+        if isinstance(choices, Registry):
+            help, choices = f"{help}: {choices.described()}", choices.names()
+        default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
+        convert = PARSERS[m["parse"]] if m.get("parse") else _BY_TYPE.get(str(f.type), str)
+        p.add_argument(flag, dest=dest, type=convert, choices=choices, default=default, help=help)
+
+
+def dataclass_values(args: argparse.Namespace, config_cls, skip: Iterable[str] = ()) -> dict[str, Any]:
+    """{field: value} of config_cls's flags that this command's parser has (add_dataclass_args made them)."""
+    return {f.name: getattr(args, dest) for f, _, dest in _flags(config_cls, skip) if hasattr(args, dest)}

@@ -34,19 +34,14 @@ class LLM:
 
     LLM()                                  the embedded SmolLM2-135M-Instruct (GGUF, Q4_1)
     LLM("model.gguf") / LLM("hf_dir/")     any supported Llama-family model
-    dtype: "auto" (float32; on CPU with GGUF block kernels), "float32", "bfloat16", "float16" (CUDA)
-    speculative: None (regular decoding) or {"method": "draft" | "lookup", "draft_len": "auto" | K,
-        "policy": "bass" | "fixed" | "threshold", "attention": "split" | "pad", "draft_model": PATH}
-        (see SpeculativeConfig). The output is the same as without it: greedy and seeded sampling token
-        for token (sampling/seeded.py), unseeded sampling in distribution.
-    guided_fast_forward: append the tokens a request's grammar forces without sampling (SamplingParams
-        guided_json / guided_regex / guided_choice / guided_grammar; the same output either way).
-    prefill_chunk: prompt tokens per step beside the running decodes (SARATHI): "auto" (measured when
-        the engine starts), a number, or None (whole prompts up to max_num_batched_tokens a step).
-    enable_prefix_caching: a prompt starting with tokens an earlier request computed (a system prompt,
-        earlier chat turns) reuses their KV blocks instead of prefilling them (the same output either way).
-    check_tensors: read every tensor for NaN/Inf scales and values first; check_memory: refuse a model
-        whose weights and KV cache exceed the memory available (see LoadConfig).
+    LLM("model.gguf", speculative="lookup", kv_cache_gib=2.0)
+
+    Each keyword is a field of the config dataclasses in specserve/config.py, documented there (the
+    CLI's --help shows the same text): ModelConfig (model ... cuda_graphs), LoadConfig (check_*),
+    CacheConfig, SchedulerConfig, GuidedConfig (its fields prefixed guided_), and speculative: None
+    (regular decoding), a method name (registry.DRAFTERS) or a dict of SpeculativeConfig's fields.
+    Speculation and guided fast-forward never change the output: greedy and seeded sampling token for
+    token (sampling/seeded.py), unseeded sampling in distribution.
     """
 
     def __init__(self, model: Optional[str] = None, dtype: str = "auto", device: str = "cpu",

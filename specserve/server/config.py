@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..config import option
+
 API_KEY_ENV = "SPECSERVE_API_KEY"  # the API key from the environment (server/security.py)
 
 
@@ -11,16 +13,23 @@ API_KEY_ENV = "SPECSERVE_API_KEY"  # the API key from the environment (server/se
 class ServerConfig:
     """`specserve serve` flags, one to one."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: Optional[str] = None  # required as "Authorization: Bearer KEY" on /v1/* and the docs when set
-    api_key_file: Optional[str] = None  # the key from a file's first line (unlike the flag, not shown by `ps`)
-    allowed_hosts: Optional[str] = None  # Host header names answered, "a,b" or "*"; default: loopback names on loopback
-    served_model_name: Optional[str] = None  # default: the model file's name
-    max_concurrent_requests: int = 256  # HTTP requests generating at once; past it: 429
-    max_n: int = 16  # samples per prompt
-    max_prompts: int = 32  # prompts in one /v1/completions request
-    max_body_bytes: int = 4 * 2**20
+    host: str = option("127.0.0.1", "address to listen on (default: loopback only)")
+    port: int = option(8000, "TCP port")
+    # required as "Authorization: Bearer KEY" on /v1/* and the docs when set
+    api_key: Optional[str] = option(
+        None, "require 'Authorization: Bearer KEY' on /v1/* and the API docs (shown by ps: prefer --api-key-file or "
+              f"${API_KEY_ENV})")
+    # unlike the flag, not shown by `ps`
+    api_key_file: Optional[str] = option(
+        None, f"the API key from this file's first line (the flag wins, then this, then ${API_KEY_ENV})")
+    allowed_hosts: Optional[str] = option(
+        None, "Host header names to answer, comma-separated, or '*' for any (default: loopback names when bound "
+              "to loopback, any otherwise)")
+    served_model_name: Optional[str] = option(None, "the model name clients send (default: the model file's name)")
+    max_concurrent_requests: int = option(256, "HTTP requests generating at once; more get 429")
+    max_n: int = option(16, "most samples per prompt (n)")
+    max_prompts: int = option(32, "most prompts in one /v1/completions request")
+    max_body_bytes: int = option(4 * 2**20, "largest request body; larger get 413")
 
     def __post_init__(self):
         for name in ("port", "max_concurrent_requests", "max_n", "max_prompts", "max_body_bytes"):

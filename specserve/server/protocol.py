@@ -11,6 +11,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..registry import GUIDED
 from ..types import MAX_TOP_LOGPROBS, SamplingParams
 
 
@@ -86,8 +87,10 @@ class _Common(BaseModel):
             **self.guided())
 
     def guided(self) -> dict:
-        return {k: getattr(self, k) for k in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
-                if getattr(self, k) is not None}
+        """The guided_<kind> extras set (registry.GUIDED's kinds that have one: json_object comes from
+        response_format)."""
+        fields = (f"guided_{kind}" for kind in GUIDED.names())
+        return {k: getattr(self, k) for k in fields if getattr(self, k, None) is not None}
 
 
 class CompletionRequest(_Common):

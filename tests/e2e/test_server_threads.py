@@ -1,0 +1,56 @@
+"""/metrics' specserve:cpu_threads reads the engine's thread count (it once read 0 always: the threads=
+argument of AsyncLLM's stats snapshot sat inside a comment): the pinned count with --threads, the
+governor's current count without."""
+import http.client
+
+import pytest
+
+from .serving import running
+
+pytest.importorskip("uvicorn")
+pytest.importorskip("prometheus_client")
+
+
+def cpu_threads(port) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", "/v1/completions", body='{"prompt": "hi", "max_tokens": 2}',
+                 headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200, r.read()
+    r.read()
+    conn.request("GET", "/metrics")
+    body = conn.getresponse().read().decode()
+    conn.close()
+    return float(next(ln.split()[-1] for ln in body.splitlines() if ln.startswith("specserve:cpu_threads ")))
+
+
+def serve_and_read(**llm_kwargs) -> tuple:
+    from specserve import AsyncLLM
+    from specserve.server.app import build_app
+    from specserve.server.config import ServerConfig
+    llm = AsyncLLM(kv_cache_gib=0.125, max_model_len=256, **llm_kwargs)
+    try:
+        with running(build_app(llm, ServerConfig())) as port:
+            return cpu_threads(port), llm.engine.threads
+    finally:
+        llm.shutdown()
+
+
+@pytest.fixture
+def torch_threads():
+    import torch
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)  # the engine pins torch's (process-wide) threads: give the next tests theirs back
+
+
+def test_a_pinned_thread_count_is_what_metrics_reads(torch_threads):
+    value, governor = serve_and_read(num_threads=1)
+    assert governor is None and value == 1
+
+
+def test_the_governed_thread_count_is_what_metrics_reads(torch_threads):
+    import torch
+    value, governor = serve_and_read()
+    # on one core there is nothing to govern: torch's own count is the engine's
+    assert value == (governor.threads if governor is not None else torch.get_num_threads()) and value >= 1

@@ -1,0 +1,34 @@
+"""Users' scripts keep working: the flags of generate, serve and the benches (names, dests, defaults,
+actions) are those of commit 0ae6532, every choice they offered is still offered, and the command
+lines of cli_surface.LINES parse to the same values (or are refused the same way)."""
+import json
+import pathlib
+
+import pytest
+
+from specserve.cli.main import build_parser
+
+from .cli_surface import surface
+
+RECORDED = json.loads((pathlib.Path(__file__).parent / "data" / "cli_surface_0ae6532.json").read_text())
+NOW = surface(build_parser)
+
+
+@pytest.mark.parametrize("command", sorted(RECORDED["options"]))
+def test_the_same_flags_with_the_same_defaults(command):
+    before, after = RECORDED["options"][command], NOW["options"][command]
+    assert sorted(after) == sorted(before)
+    for flag, was in before.items():
+        now = dict(after[flag])
+        # A name registered since (a drafter, a policy) may join a flag's choices; none may leave.
+        if was["choices"] is not None:
+            assert set(was["choices"]) <= set(now["choices"] or ()), flag
+            now["choices"] = was["choices"]
+        assert now == was, flag
+
+
+@pytest.mark.parametrize("i", range(len(RECORDED["parsed"])))
+def test_command_lines_parse_as_before(i):
+    was, now = RECORDED["parsed"][i], NOW["parsed"][i]
+    assert now["line"] == was["line"]
+    assert now["result"] == was["result"], " ".join(was["line"])
