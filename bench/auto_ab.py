@@ -16,10 +16,10 @@ import time
 from tqdm import tqdm
 
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_problems
-from specserve.bench.machine import cpu
-from specserve.bench.spec import _compare
-from specserve.bench.spec_shapes import WITHIN, prompt_sets
+from specserve_bench.humaneval import humaneval_problems
+from specserve_bench.machine import cpu
+from specserve_bench.spec import _compare
+from specserve_bench.spec_shapes import WITHIN, prompt_sets
 
 p = argparse.ArgumentParser()
 p.add_argument("--methods", default="auto,draft")

@@ -15,11 +15,11 @@ import argparse
 import time
 
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_problems
-from specserve.bench.machine import cpu
-from specserve.bench.spec_shapes import prompt_sets
 from specserve.spec import CostModel, calibrate
 from specserve.spec.hierarchy import gain
+from specserve_bench.humaneval import humaneval_problems
+from specserve_bench.machine import cpu
+from specserve_bench.spec_shapes import prompt_sets
 
 TARGETS = (1.0, 1.3, 1.5)
 

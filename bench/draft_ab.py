@@ -12,8 +12,8 @@ import argparse
 import json
 
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_prompts
-from specserve.bench.spec_shapes import prompt_sets
+from specserve_bench.humaneval import humaneval_prompts
+from specserve_bench.spec_shapes import prompt_sets
 
 p = argparse.ArgumentParser()
 p.add_argument("drafts", nargs="+")

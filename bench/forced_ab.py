@@ -10,9 +10,9 @@ import argparse
 from tqdm import tqdm
 
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_problems
-from specserve.bench.spec import _compare
-from specserve.bench.spec_shapes import prompt_sets
+from specserve_bench.humaneval import humaneval_problems
+from specserve_bench.spec import _compare
+from specserve_bench.spec_shapes import prompt_sets
 
 CELLS = [("lookup", dict(method="lookup"), "beyond code"),
          ("lookup+draft auto", dict(method="lookup+draft", shape="auto"), "beyond code"),

@@ -9,7 +9,7 @@ import time
 import torch
 
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_prompts
+from specserve_bench.humaneval import humaneval_prompts
 
 
 def main():

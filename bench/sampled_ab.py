@@ -13,9 +13,9 @@ import os
 import time
 
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_problems
-from specserve.bench.machine import cpu
-from specserve.bench.spec import _chat_prompt
+from specserve_bench.humaneval import humaneval_problems
+from specserve_bench.machine import cpu
+from specserve_bench.spec import _chat_prompt
 
 p = argparse.ArgumentParser()
 p.add_argument("--prompts", type=int, default=6)

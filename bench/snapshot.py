@@ -15,7 +15,7 @@ import json
 import sys
 
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_prompts
+from specserve_bench.humaneval import humaneval_prompts
 
 CONFIGS = {
     "rd": None,

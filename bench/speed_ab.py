@@ -13,9 +13,9 @@ import json
 from tqdm import tqdm
 
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_problems
-from specserve.bench.spec import _compare
-from specserve.bench.spec_shapes import prompt_sets
+from specserve_bench.humaneval import humaneval_problems
+from specserve_bench.spec import _compare
+from specserve_bench.spec_shapes import prompt_sets
 
 p = argparse.ArgumentParser()
 p.add_argument("drafts", nargs="*", default=[None], help="draft dirs (default: the shipped draft)")

@@ -8,7 +8,7 @@ import argparse
 import time
 
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_prompts
+from specserve_bench.humaneval import humaneval_prompts
 
 ap = argparse.ArgumentParser()
 ap.add_argument("label")

@@ -21,7 +21,7 @@ import time
 CHILD = r"""
 import json, sys, time
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_prompts
+from specserve_bench.humaneval import humaneval_prompts
 threads = int(sys.argv[1]) or None
 reps = int(sys.argv[2])
 llm = LLM(num_threads=threads, speculative=None)
@@ -74,7 +74,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=f"bench/results/threads-{time.strftime('%Y%m%d')}.md")
     args = ap.parse_args()
-    from specserve.bench.machine import cpu
+    from specserve_bench.machine import cpu
     m = cpu()
     model, flags = m["cpu"], " ".join(m["flags"])
     rows = []

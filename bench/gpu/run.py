@@ -284,8 +284,8 @@ def llm_run(llm, prompts, max_new: int, ignore_eos: bool = True) -> dict:
 
 def stage_smollm(args, rec) -> None:
     from specserve import LLM
-    from specserve.bench import peers
-    from specserve.bench.humaneval import humaneval_prompts
+    from specserve_bench import peers
+    from specserve_bench.humaneval import humaneval_prompts
 
     dev, dry = args.device, args.dry_run
     max_new = 8 if dry else args.max_new

@@ -135,33 +135,33 @@ def _spec(p: argparse.ArgumentParser) -> None:
 BENCHES = {
     "serve": Bench(
         "open-loop load on the server: TTFT/TPOT/ITL, goodput vs rate, regular/forced/auto",
-        "specserve.bench.serve:run_serve_bench", _serve),
+        "specserve_bench.serve:run_serve_bench", _serve),
     "decode": Bench(
         "regular decoding: ms/token, TTFT, tokens/s vs peers",
-        "specserve.bench.decode:run_decode_bench", _decode),
+        "specserve_bench.decode:run_decode_bench", _decode),
     "staged": Bench(
         "staged / hierarchical drafting vs plain speculation and regular decoding: "
         "the staged paper's and the MIT report's tables",
-        "specserve.bench.staged:run_staged_bench", _staged),
+        "specserve_bench.staged:run_staged_bench", _staged),
     "guided": Bench(
         "guided generation: validity, tokens/s with and without fast-forward and "
         "speculation, llguidance vs xgrammar",
-        "specserve.bench.guided:run_guided_bench", _guided),
+        "specserve_bench.guided:run_guided_bench", _guided),
     "prefix": Bench(
         "prefix caching: time to first token of a second chat turn and of a shared "
         "system prompt, with and without the cache",
-        "specserve.bench.prefix:run_prefix_bench", _prefix),
+        "specserve_bench.prefix:run_prefix_bench", _prefix),
     "sarathi": Bench(
         "chunked prefill with decode-maximal batching vs whole-prompt prefill: the "
         "decoders' inter-token latency while long prompts arrive",
-        "specserve.bench.sarathi:run_sarathi_bench", _sarathi),
+        "specserve_bench.sarathi:run_sarathi_bench", _sarathi),
     "nbest": Bench(
         "BASS section 4.5: HumanEval Pass@First / Pass@All within a time budget vs batch "
         "size, regular vs speculative",
-        "specserve.bench.nbest:run_nbest_bench", _nbest),
+        "specserve_bench.nbest:run_nbest_bench", _nbest),
     "spec": Bench(
         "speculative vs regular decoding: the BASS tables, ablations, Pass@1, peers",
-        "specserve.bench.spec:run_spec_bench", _spec),
+        "specserve_bench.spec:run_spec_bench", _spec),
 }
 
 

@@ -80,7 +80,7 @@ def cmd_build_ngram(args) -> int:
     from tqdm.auto import tqdm
 
     from ..loading import load_model_files
-    from ..ngram.build import build_ngram
+    from ..training.ngram import build_ngram
     tokenizer = load_model_files(args.model)[3]
     model = build_ngram(tokenizer, args.corpus_tokens, tuple(args.tokens), progress=tqdm, log=print)  # this command's output
     model.save(args.out)

@@ -193,7 +193,7 @@ def _plot(rows, workloads, path) -> None:
 
 
 def _profile_llm(args) -> int:
-    from ..bench.passes import profile_passes
+    from specserve_bench.passes import profile_passes
 
     out = args.out or "bench/results/plan/llm-profile-cpu.json"
     prof = profile_passes(args.model, reps=min(args.reps, 3))

@@ -24,7 +24,7 @@ CACHE_SIZE = 1 << 16  # (u, v) contexts whose best continuation is kept
 
 def build(spec, ctx: DrafterContext) -> Drafter:
     from ..loading.paths import cache_dir
-    from ..ngram.build import build_ngram, default_path, load_for
+    from ..training.ngram import build_ngram, default_path, load_for
     path = spec.ngram_model
     if path is None:
         path = default_path(cache_dir(), ctx.tokenizer)

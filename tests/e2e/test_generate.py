@@ -1,6 +1,6 @@
 """End to end on the embedded model: batching, n samples, seeds, stops, chat."""
 from specserve import SamplingParams
-from specserve.bench.humaneval import humaneval_prompts
+from specserve_bench.humaneval import humaneval_prompts
 
 
 def test_greedy_batch8_equals_each_alone(embedded_llm):

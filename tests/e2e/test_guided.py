@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from specserve import LLM, SamplingParams
-from specserve.bench.guided_set import CHOICE, REGEX, SCHEMAS
+from specserve_bench.guided_set import CHOICE, REGEX, SCHEMAS
 
 
 def _chat(llm, text):

@@ -304,8 +304,8 @@ def test_fuzzed_bodies_never_get_a_5xx(server, body, path, base):
 
 
 def test_short_load_run_has_no_errors_and_leaves_no_blocks(server):
-    """The CI-sized version of `python -m specserve.bench.load` (64 clients x 10 minutes is the command)."""
-    from specserve.bench.load import run_load
+    """The CI-sized version of `python -m specserve_bench.load` (64 clients x 10 minutes is the command)."""
+    from specserve_bench.load import run_load
     res = run_load(f"http://127.0.0.1:{server['port']}/v1", KEY, clients=16, seconds=15, hang_ups=16)
     assert res["errors"] == 0, res["error_kinds"]
     assert res["requests_ok"] >= 16 and res["hang_ups_started"] == 16 and res["kv_blocks_in_use_after"] == 0

@@ -8,8 +8,8 @@ comparison trivially pass."""
 import pytest
 
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_prompts
 from specserve.loading import embedded_model_path
+from specserve_bench.humaneval import humaneval_prompts
 
 PROMPTS = humaneval_prompts(20)
 GREEDY = SamplingParams(temperature=0, max_tokens=32)

@@ -7,8 +7,8 @@ import torch
 
 from specserve import SamplingParams
 from specserve.attention.paged import AttentionMetadata
-from specserve.bench.humaneval import humaneval_prompts
 from specserve.loading import embedded_model_path
+from specserve_bench.humaneval import humaneval_prompts
 
 transformers = pytest.importorskip("transformers")
 if importlib.util.find_spec("accelerate") is None:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_prompts
 from specserve.loading.pull import RegistryUnreachable, pull
+from specserve_bench.humaneval import humaneval_prompts
 
 transformers = pytest.importorskip("transformers")
 if importlib.util.find_spec("accelerate") is None:

@@ -1,5 +1,5 @@
 """The bench's speedup intervals: bootstrap over paired rounds."""
-from specserve.bench.spec import speedup_interval
+from specserve_bench.spec import speedup_interval
 
 
 def _runs(values, tokens=100):

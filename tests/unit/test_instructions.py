@@ -2,8 +2,8 @@
 from the bench's prompts (no 8-word run in common), so the bench measures text the draft never saw."""
 import re
 
-from specserve.bench.prompts import CATEGORIES
 from specserve.training.instructions import instructions
+from specserve_bench.prompts import CATEGORIES
 
 
 def _shingles(text: str, n: int = 8) -> set:

@@ -105,7 +105,7 @@ def test_drafter_drafts_the_models_greedy_chain_and_counts_what_was_accepted():
 def test_building_the_model_reports_on_stderr_not_stdout(tmp_path, capsys):
     """`specserve generate --speculative ngram` builds the model on first use: its status line must not
     land in the generated text on stdout."""
-    from specserve.ngram.build import build_ngram
+    from specserve.training.ngram import build_ngram
 
     class Tok:
         vocab_size, eos_token_ids = 16, [0]

@@ -15,9 +15,10 @@ import time
 
 from tqdm.auto import tqdm
 
-from ..cli.engine_args import llm_kwargs
-from ..engine.llm import LLM
-from ..types import SamplingParams
+from specserve.cli.engine_args import llm_kwargs
+from specserve.engine.llm import LLM
+from specserve.types import SamplingParams
+
 from .humaneval import humaneval_problems
 from .machine import cpu
 from .output import write_results

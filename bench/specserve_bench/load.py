@@ -1,7 +1,7 @@
 """Load test of `specserve serve` on loopback: many streaming clients (the official `openai` client)
 for a fixed time, then clients that hang up mid-stream; afterwards no KV block may be in use.
 
-    python -m specserve.bench.load --clients 64 --seconds 600 [--out bench/results/load-DATE.json]
+    python -m specserve_bench.load --clients 64 --seconds 600 [--out bench/results/load-DATE.json]
 
 Starts the server itself (127.0.0.1, a free port) unless --url is given. Each client sends streaming
 completions and chat requests back to back (HumanEval prompts and chat questions, 16-128 tokens),

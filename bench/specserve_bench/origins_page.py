@@ -3,8 +3,9 @@ staged speculative decoding paper's Figure 3), HumanEval prompts and prompts bey
 batch 1 with the bench's speculative LLM."""
 from __future__ import annotations
 
-from .. import origins as org
-from ..types import SamplingParams
+from specserve import origins as org
+from specserve.types import SamplingParams
+
 from .humaneval import humaneval_problems
 from .prompts import CATEGORIES
 

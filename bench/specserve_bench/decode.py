@@ -13,9 +13,10 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from ..cli.engine_args import llm_kwargs
-from ..engine.llm import LLM
-from ..types import SamplingParams
+from specserve.cli.engine_args import llm_kwargs
+from specserve.engine.llm import LLM
+from specserve.types import SamplingParams
+
 from . import peers
 from .humaneval import humaneval_prompts
 
@@ -56,7 +57,7 @@ from specserve import LLM, SamplingParams
 llm = LLM(sys.argv[1], kv_cache_gib=float(sys.argv[2]), num_threads=int(sys.argv[3]) or None)
 load = time.perf_counter() - t0
 llm.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=16))
-from specserve.bench.peers import peak_rss_mb
+from specserve_bench.peers import peak_rss_mb
 print(json.dumps({"load_s": load, "peak_rss_mb": peak_rss_mb()}))
 """
 

@@ -8,8 +8,9 @@ tree spans and their mean nodes; at batch 1 also acceptance per prompt category.
 """
 from __future__ import annotations
 
-from ..engine.llm import LLM
-from ..types import SamplingParams
+from specserve.engine.llm import LLM
+from specserve.types import SamplingParams
+
 from .prompts import conversations
 
 SHAPES = {  # what the shape comparison runs (the engine's default cost-model fallback on)

@@ -25,9 +25,10 @@ from typing import Optional
 import torch
 from tqdm.auto import tqdm
 
-from ..cli.engine_args import llm_kwargs
-from ..engine.llm import LLM
-from ..types import SamplingParams
+from specserve.cli.engine_args import llm_kwargs
+from specserve.engine.llm import LLM
+from specserve.types import SamplingParams
+
 from . import peers, spec_shapes
 from .humaneval import humaneval_problems
 from .origins_page import origins_page

@@ -10,8 +10,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..training.corpus import build_corpus
-from .katz import KatzModel
+from ..ngram.katz import KatzModel
+from .corpus import build_corpus
 
 
 def _to_stderr(message: str) -> None:

@@ -19,10 +19,11 @@ from typing import Optional
 import torch
 from tqdm.auto import tqdm
 
-from ..cli.engine_args import llm_kwargs
-from ..engine.llm import LLM
-from ..spec.hierarchy import Level, chain_gain
-from ..types import SamplingParams
+from specserve.cli.engine_args import llm_kwargs
+from specserve.engine.llm import LLM
+from specserve.spec.hierarchy import Level, chain_gain
+from specserve.types import SamplingParams
+
 from .humaneval import humaneval_problems
 from .output import write_results
 

@@ -16,9 +16,10 @@ from typing import Optional
 
 from tqdm.auto import tqdm
 
-from ..cli.engine_args import llm_kwargs
-from ..engine.llm import LLM
-from ..types import SamplingParams
+from specserve.cli.engine_args import llm_kwargs
+from specserve.engine.llm import LLM
+from specserve.types import SamplingParams
+
 from .guided_set import SCHEMAS
 from .machine import cpu
 from .output import write_results
@@ -139,7 +140,7 @@ def grammar_engines(tokenizer, replays: list[tuple[dict, list[int]]]) -> dict:
     import llguidance
     import llguidance.torch as lt
 
-    from ..guided.grammar import json_grammar
+    from specserve.guided.grammar import json_grammar
     t0 = time.perf_counter()
     lltok = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=tokenizer.vocab_size, eos_token=tokenizer.eos_token_ids[0])
     out: dict[str, Optional[dict]] = {"llguidance": _replay(

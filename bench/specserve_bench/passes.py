@@ -12,7 +12,7 @@ import statistics
 import time
 from typing import Optional
 
-from ..planner.llm import PassProfile
+from specserve.planner.llm import PassProfile
 
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
 PREFILL_TOKENS = (64, 128, 256, 512, 1024)
@@ -20,9 +20,9 @@ _STEPS = 16  # decode steps timed per batch
 
 
 def profile_passes(model=None, reps: int = 3, threads: Optional[int] = None) -> PassProfile:
-    from .. import LLM, SamplingParams
-    from ..drafters.draft_model import default_draft_path
-    from ..loading import EMBEDDED_FILE, resolve_model_path
+    from specserve import LLM, SamplingParams
+    from specserve.drafters.draft_model import default_draft_path
+    from specserve.loading import EMBEDDED_FILE, resolve_model_path
 
     threads = threads or os.cpu_count() or 1
     llm = LLM(model, num_threads=threads, max_num_batched_tokens=2048)
