@@ -217,7 +217,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 130
     except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
-            ConnectionError) as e:  # ConnectionError: a pull that cannot reach the package registry
+            ConnectionError, ModuleNotFoundError) as e:
+        # ConnectionError: a pull that cannot reach the package registry; ModuleNotFoundError: an
+        # extra not installed (the planner's numba), named in the message
         if debug:
             raise
         print(f"specserve: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)

@@ -17,8 +17,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
-import numba
 import numpy as np
+
+try:  # the planner's one dependency of its own: pip install 'specserve[planner]'
+    import numba
+except ImportError:
+    numba = None
+
+NEEDS_NUMBA = "the planner's simulator needs numba: pip install 'specserve[planner]'"
+
+
+def _njit(**options):
+    """numba.njit where numba is installed; without it the loop refuses to run, in one line, when
+    called (the rest of specserve, the CLI's flags included, imports this module without it)."""
+    if numba is not None:
+        return numba.njit(**options)
+
+    def refuse(f):
+        def run(*args, **kwargs):
+            raise ModuleNotFoundError(NEEDS_NUMBA)
+        return run
+    return refuse
 
 
 @dataclass
@@ -101,7 +120,7 @@ class SimResult:
         return {d: t / self.horizon for d, t in self.busy_time.items()} if self.horizon > 0 else {}
 
 
-@numba.njit(cache=True, nogil=True)
+@_njit(cache=True, nogil=True)
 def run_trace(arrival, model, slo, served, stage_lat, num_stages, extra_group, extra_model, extra_lat,
               finish, stage_busy):
     """One pass over the requests; returns how many met their SLO.
@@ -172,7 +191,7 @@ def run_trace(arrival, model, slo, served, stage_lat, num_stages, extra_group, e
     return good
 
 
-@numba.njit(cache=True, parallel=True)
+@_njit(cache=True, parallel=True)
 def score_additions(arrival, model, slo, served, stage_lat, num_stages, add_group, add_model, add_lat):
     """For each one-replica change (add_group[c], add_model[c], add_lat[c]): the requests within SLO
     and the sum of their latencies (the search's tie-break) -> ([C] int64, [C] float64)."""

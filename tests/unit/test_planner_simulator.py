@@ -113,3 +113,18 @@ def test_uneven_pipeline_drops_then_recovers():
     res = simulate([g], reqs([0.0, 0.1, 0.2, 2.0]), slo={"a": 2.0})
     np.testing.assert_allclose(res.finish, [1.0, 1.7, np.nan, 3.0])
     assert res.busy_time == {0: pytest.approx(0.9), 1: pytest.approx(2.1)}
+
+
+def test_without_numba_only_the_planner_refuses_in_one_line(tmp_path):
+    """numba is the planner's extra: without it the CLI still starts, and `specserve plan` says what to
+    install (exit 2, one line) instead of a traceback."""
+    import subprocess
+    import sys
+    block = "import sys; sys.modules['numba'] = None; from specserve.cli.main import main; "
+    help_ = subprocess.run([sys.executable, "-c", block + "sys.exit(main(['generate', '--help']))"],
+                           capture_output=True, text=True, timeout=120)
+    assert help_.returncode == 0 and "--max-tokens" in help_.stdout
+    plan = subprocess.run([sys.executable, "-c", block + "sys.exit(main(['plan', '--duration', '5']))"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    lines = plan.stderr.strip().splitlines()
+    assert plan.returncode == 2 and len(lines) == 1 and "pip install 'specserve[planner]'" in lines[0], plan.stderr
