@@ -64,7 +64,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048  # tokens per forward pass (prefill chunks + decodes)
     max_model_len: Optional[int] = None  # None: the model's context length (it cannot exceed it)
     # SARATHI: prompt tokens per step after the running decodes. "auto": measured on this machine when
-    # the engine starts (engine/chunking.py: the smallest chunk whose prefill rate is within 10% of the
+    # the engine starts (spec/calibration.py: the smallest chunk whose prefill rate is within 10% of the
     # best); an int: that many; None: whole prompts, up to max_num_batched_tokens a step.
     prefill_chunk: Union[int, str, None] = "auto"
 

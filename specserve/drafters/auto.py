@@ -40,7 +40,6 @@ class AutoDrafter(Drafter):
         self.wants_hidden_states = model.wants_hidden_states
         self.makes_trees = model.makes_trees
         self.counts = [PRIOR_WEIGHT * PRIOR_ALPHA, PRIOR_WEIGHT]  # model drafts: [accepted, accepted + rejections]
-        self.from_model: dict[str, int] = {}  # rid -> verify steps before its model draft
         self.chosen = {"model": 0, "free": 0}  # drafts handed out by kind (for spec_stats)
 
     @property
@@ -69,23 +68,28 @@ class AutoDrafter(Drafter):
             if d.tokens or not drafts[i].tokens:
                 drafts[i] = d
                 self.chosen["model"] += bool(d.tokens)
-                self.from_model[requests[i].request_id] = len(requests[i].spec_drafted)
         return replace(proposal, drafts=drafts)  # what it cost is the model's part
 
     def propose_free(self, requests: list[Request], max_len: int) -> Optional[Proposal]:
         return Proposal(self._best_free(requests, max_len, None))
 
+    def on_verified(self, request: Request, draft: Draft, accepted: int) -> None:
+        """The model's drafts update the model's measured acceptance; each draft goes on to its maker."""
+        if draft.origin == self.model.origin:
+            tried = len(draft.tokens)
+            self.counts = [DECAY * self.counts[0] + accepted, DECAY * self.counts[1] + accepted + (accepted < tried)]
+            self.model.on_verified(request, draft, accepted)
+            return
+        for drafter in self.free:
+            if drafter.origin == draft.origin:
+                drafter.on_verified(request, draft, accepted)
+
     def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:
-        at = self.from_model.pop(request.request_id, None)
-        if at is not None and len(request.spec_drafted) == at + 1:  # our model draft was verified this step
-            tried, acc = request.spec_drafted[-1], request.spec_accepted[-1]
-            self.counts = [DECAY * self.counts[0] + acc, DECAY * self.counts[1] + acc + (acc < tried)]
         for drafter in self.free:
             drafter.observe(request, start, hidden, num_accepted)
         self.model.observe(request, start, hidden, num_accepted)
 
     def release(self, request: Request) -> None:
-        self.from_model.pop(request.request_id, None)
         for drafter in self.free:
             drafter.release(request)
         self.model.release(request)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from ..types import Request
+from ..types import Draft, Request
 from .base import Drafter, DrafterContext, Proposal
 from .prompt_lookup import PromptLookupDrafter
 
@@ -51,8 +51,11 @@ class FreeFirstDrafter(Drafter):
     def propose_free(self, requests: list[Request], max_len: int) -> Optional[Proposal]:
         return self.free.propose(requests, max_len)
 
+    def on_verified(self, request: Request, draft: Draft, accepted: int) -> None:
+        (self.free if draft.origin == self.free.origin else self.model).on_verified(request, draft, accepted)
+
     def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:
-        self.free.observe(request, start, hidden, num_accepted)  # counts its copies' acceptance
+        self.free.observe(request, start, hidden, num_accepted)
         self.model.observe(request, start, hidden, num_accepted)
 
     def release(self, request: Request) -> None:
