@@ -46,9 +46,9 @@ def _prefilled(model, dtype=torch.float32):
     a.block_table, b.block_table, c.block_table = [0, 1], [2, 3, 4], [5, 6]
     eager.execute([ScheduledRequest(r, 0, len(r.prompt_token_ids)) for r in (a, b, c)])
     a.output_token_ids, b.output_token_ids, c.output_token_ids = [20], [21], [22]
-    b.draft = Draft([30, 31, 32])  # a chain to verify
-    c.draft = Draft([40, 41, 42], parents=[-1, -1, 0])  # a tree hanging from 22
-    step = [ScheduledRequest(a, 6, 1), ScheduledRequest(b, 5, 4, 3), ScheduledRequest(c, 4, 4, 3)]
+    chain = Draft([30, 31, 32])  # a chain to verify
+    tree = Draft([40, 41, 42], parents=[-1, -1, 0])  # a tree hanging from 22
+    step = [ScheduledRequest(a, 6, 1), ScheduledRequest(b, 5, 4, chain), ScheduledRequest(c, 4, 4, tree)]
     return kv, step
 
 
