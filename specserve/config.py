@@ -137,7 +137,7 @@ class SpeculativeConfig:
                 raise ValueError(f"draft_len must be 'auto' or an integer >= 1, got {self.draft_len!r}")
             self.draft_len = k
         _check_int("lookup_max_ngram", self.lookup_max_ngram, 1)
-        # bounds that keep the lookahead tree inside the verifier's (spec/decoder.py: depth 32, width 16)
+        # bounds that keep the lookahead tree inside the verifier's (spec/verify.py: depth 32, width 16)
         _check_int("lookahead_window", self.lookahead_window, 1, 16)
         _check_int("lookahead_ngram", self.lookahead_ngram, 2, 8)
         _check_int("lookahead_guesses", self.lookahead_guesses, 0, 14)
