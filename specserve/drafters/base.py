@@ -112,6 +112,12 @@ class Drafter:
     def release(self, request: Request) -> None:
         pass
 
+    def truncate(self, request: Request, valid: int) -> None:
+        """As a lower stage of staged drafting (drafters/staged.py): forget what was drafted for request
+        past its first `valid` positions. Drafters whose state does not outlive a round (free drafters
+        drafting for a stage's draft) just release it."""
+        self.release(request)
+
     def fork(self, parent: Request, child: Request) -> None:
         pass
 
