@@ -265,7 +265,11 @@ class LLMEngine:
                 moves = self.scheduler.keep_rows(s.request, _root(s), v.rows)
                 if moves:  # a tree's accepted path, next to its root
                     self.kv.move_slots([a for a, _ in moves], [b for _, b in moves])
-        if spec is not None:  # what the step teaches, before any token is appended (or a request released)
+        # What the step teaches, once the target's rows are settled and before any token is appended:
+        # drafters roll their state back against the context the step computed (request.num_tokens
+        # before this step's tokens), and appending may finish (release) a request or fork a sibling
+        # from its leader's drafter state, which must already hold this step's rows.
+        if spec is not None:
             spec.learn(StepResult([VerifiedDraft(s.request, s.draft, verified[s.request.request_id]) for s, _ in verifiers],
                                   self._observed(out, verified)))
 

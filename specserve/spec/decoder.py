@@ -281,8 +281,10 @@ class SpeculativeDecoder:
     # --- after the step: everything learned from it --------------------------------------------
     def learn(self, step: "StepResult") -> None:
         """Everything a step teaches, in one place: the drafter's span callback (lookahead), the
-        draft-length policies, the per-sequence choice, the acceptance and statistics, each verified
-        draft's drafter (`on_verified`), then every computed request's rows (`observe`)."""
+        draft-length policies, the per-sequence choice, the acceptance and statistics (the requests'
+        spec_* statistics too), each verified draft's drafter (`on_verified`), then every computed
+        request's rows (`observe`). The engine calls it after verification and roll-back, before the
+        step's tokens are appended; only the step's timing comes later (`record_step`)."""
         if step.verified:
             self._learn_verified(step.verified)
         for o in step.observed:
