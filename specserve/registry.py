@@ -79,9 +79,9 @@ DRAFTERS.register("draft", "specserve.drafters.draft_model:build",
 DRAFTERS.register("lookup", "specserve.drafters.prompt_lookup:build", "prompt lookup in the sequence's own tokens")
 DRAFTERS.register("ngram", "specserve.drafters.ngram:build",
                   "a Katz back-off trigram model (specserve build-ngram; default: built from the stdlib)")
-DRAFTERS.register("lookup+draft", "specserve.drafters.lookup_first:build",
+DRAFTERS.register("lookup+draft", "specserve.drafters.auto:build_lookup_first",
                   "prompt lookup where the text repeats, the draft model elsewhere")
-DRAFTERS.register("suffix+draft", "specserve.drafters.lookup_first:build_suffix",
+DRAFTERS.register("suffix+draft", "specserve.drafters.auto:build_suffix_first",
                   "suffix drafting where this or an earlier request's text matches, the draft model elsewhere")
 DRAFTERS.register("suffix", "specserve.drafters.suffix:build",
                   "suffix drafting: token trees of what followed the longest match in this and earlier requests")

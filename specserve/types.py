@@ -211,8 +211,9 @@ class TokenOrigin(str, enum.Enum):
 
 @dataclass
 class Draft:
-    """Proposed tokens for one request, not yet verified: what a drafter made, the one place a draft
-    lives (`Request.draft`) from proposal to verification. A chain, or a token tree: then each token
+    """Proposed tokens for one request, not yet verified: what a drafter made. It travels in the step's
+    DraftBatch from the controller's propose to the scheduler, which records it in the request's
+    ScheduledRequest (its one place until verification). A chain, or a token tree: then each token
     has a parent (an earlier token's index, -1 for a child of the last known token), in topological
     order, and the tokens are the drafter's top choices at their parent (deterministic: probs None)."""
 
@@ -275,6 +276,11 @@ class Draft:
                      [self.confidence[j] for j in keep], None if chain else new_parents, self.origin)
 
 
+# A step's drafts, request id -> Draft (only requests with draft tokens): what the controller's
+# propose returns, guided pruning maps to another, and Scheduler.schedule takes.
+DraftBatch = dict[str, Draft]
+
+
 @dataclass(eq=False)  # identity: two requests are never "equal"
 class Request:
     """One sequence being generated. n samples of one prompt are n Requests sharing a `group_id`."""
@@ -291,7 +297,6 @@ class Request:
     output_origins: list[TokenOrigin] = field(default_factory=list)  # who proposed each output token
     num_computed_tokens: int = 0  # tokens whose KV is in the cache (Scheduler moves it)
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (not computed for this request)
-    draft: Optional[Draft] = None  # proposed tokens riding after the known ones this step (spec.decoder sets it)
     block_table: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: Optional[FinishReason] = None
@@ -302,9 +307,11 @@ class Request:
     first_token_time: Optional[float] = None
     finish_time: Optional[float] = None
     leader: Optional["Request"] = None  # for WAITING_FOR_FORK siblings
-    spec_drafted: list[int] = field(default_factory=list)  # draft tokens per verify step
-    spec_accepted: list[int] = field(default_factory=list)  # of which accepted
-    spec_origin: list[TokenOrigin] = field(default_factory=list)  # whose draft each verify step verified
+    # Per verify step, read-only statistics (recorded in one place: SpeculativeDecoder.learn): draft
+    # tokens verified, of which accepted, and whose draft it was. Drafters learn from on_verified.
+    spec_drafted: list[int] = field(default_factory=list)
+    spec_accepted: list[int] = field(default_factory=list)
+    spec_origin: list[TokenOrigin] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -313,10 +320,6 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
-    def num_draft_tokens(self) -> int:
-        return 0 if self.draft is None else len(self.draft.tokens)
 
     @property
     def past_prompt(self) -> bool:
@@ -335,12 +338,6 @@ class Request:
         """Tokens a..b-1 (prompt and output sliced apart: no copy of the whole sequence)."""
         p = len(self.prompt_token_ids)
         return self.prompt_token_ids[a:min(b, p)] + self.output_token_ids[max(0, a - p):max(0, b - p)]
-
-    def verified_draft_of(self, steps_before: int, origin: "TokenOrigin") -> bool:
-        """Whether exactly one verify step came after the `steps_before` it had when a drafter proposed,
-        and it verified that drafter's draft (`origin`): not cut by the selection, dropped by the
-        scheduler, or another drafter's chosen instead (drafters/auto.py)."""
-        return len(self.spec_drafted) == steps_before + 1 and self.spec_origin[-1] == origin
 
     def token_at(self, i: int) -> int:
         p = len(self.prompt_token_ids)

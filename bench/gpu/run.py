@@ -144,9 +144,8 @@ def kernel_check(model, arch, dev, rec) -> None:
     eager.execute([ScheduledRequest(r, 0, len(r.prompt_token_ids)) for r in rs])
     for r, t in zip(rs, (11, 12, 13)):
         r.output_token_ids = [t]
-    rs[1].draft = Draft([21, 22, 23])
-    rs[2].draft = Draft([31, 32, 33], parents=[-1, -1, 0])
-    step = [ScheduledRequest(rs[0], 40, 1), ScheduledRequest(rs[1], 33, 4, 3), ScheduledRequest(rs[2], 20, 4, 3)]
+    chain, tree = Draft([21, 22, 23]), Draft([31, 32, 33], parents=[-1, -1, 0])
+    step = [ScheduledRequest(rs[0], 40, 1), ScheduledRequest(rs[1], 33, 4, chain), ScheduledRequest(rs[2], 20, 4, tree)]
     kv2 = fresh()
     kv2.k.copy_(kv.k)
     kv2.v.copy_(kv.v)

@@ -8,8 +8,13 @@ The engine, each step:
      deterministic drafts), plus what drafting cost (model passes, their batch, catch-up rows) for the
      cost model. With a TreeShape (drafters whose `makes_trees`), a token tree of depth <= max_len:
      the draft's top_k children at the beam best nodes of each level (Draft.parents);
-  2. runs the target over every request's [last token] + drafts span and verifies;
-  3. `observe(request, start, hidden, num_accepted)` for every request the target computed rows for
+  2. runs the target over every request's [last token] + drafts span and verifies (drafts the engine's
+     selection, guided pruning or the scheduler dropped are not verified);
+  3. `on_verified(request, draft, accepted)` for each verified draft: the draft as verified (after the
+     selection and pruning; `draft.origin` says whose it was, and a drafter made of others passes it
+     to the one that made it) and how many of its tokens were accepted: what drafters learn their
+     acceptance from, without guessing whether their proposal made it to the target;
+  4. `observe(request, start, hidden, num_accepted)` for every request the target computed rows for
      (prefill chunks and plain decode steps too): the target's last hidden states of the rows that
      stayed valid ([rows, hidden], first row at position `start`; only for drafters that want them),
      and how many drafts were accepted. The drafter rolls its own state back to match. A request
@@ -17,7 +22,7 @@ The engine, each step:
      positions' hidden states reads them with `DrafterContext.prefix_features`.
      Drafters that `wants_span_argmax` (lookahead decoding) first get `observe_span`: the target's
      greedy token after every row of the verified span, rejected rows too, and the accepted path.
-  4. `release(request)` when a request finishes or is preempted; `fork(parent, child)` when an n > 1
+  5. `release(request)` when a request finishes or is preempted; `fork(parent, child)` when an n > 1
      sample starts from its leader's prompt.
 """
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..types import Draft, Request
+from ..types import Draft, Request, TokenOrigin
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class Drafter:
     wants_hidden_states = False  # True: observe() gets the target's last hidden states
     makes_trees = False  # True: propose() takes a TreeShape
     wants_span_argmax = False  # True: observe_span() after each verification
+    origin = TokenOrigin.DRAFT  # what its drafts count as (Draft.origin)
 
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
                 tree: Optional[TreeShape] = None) -> Proposal:
@@ -90,6 +96,11 @@ class Drafter:
         None: this drafter has none."""
         return None
 
+    def on_verified(self, request: Request, draft: Draft, accepted: int) -> None:
+        """request's draft was verified this step: `draft` as verified (after the engine's selection and
+        guided pruning; its origin says whose it was), `accepted` of its tokens accepted (a tree: the
+        accepted path's length). Called once per verified draft, before `observe`."""
+
     def observe(self, request: Request, start: int, hidden: Optional[torch.Tensor], num_accepted: int) -> None:
         pass
 
@@ -100,6 +111,12 @@ class Drafter:
 
     def release(self, request: Request) -> None:
         pass
+
+    def truncate(self, request: Request, valid: int) -> None:
+        """As a lower stage of staged drafting (drafters/staged.py): forget what was drafted for request
+        past its first `valid` positions. Drafters whose state does not outlive a round (free drafters
+        drafting for a stage's draft) just release it."""
+        self.release(request)
 
     def fork(self, parent: Request, child: Request) -> None:
         pass

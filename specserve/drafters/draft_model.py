@@ -57,6 +57,9 @@ def _is_eagle(path: str) -> bool:
 
 
 class DraftModelDrafter(Drafter):
+    """Also what a stage of staged drafting (drafters/staged.py) runs through its public methods:
+    reserve, catch_up, score, mark_drafted, truncate, generator."""
+
     def __init__(self, model, num_blocks: int, block_size: int, attention: str = "split"):
         self.model = model
         a = model.arch
@@ -71,28 +74,58 @@ class DraftModelDrafter(Drafter):
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
                 tree=None) -> Proposal:
         drafts = {r.request_id: Draft() for r in requests}
-        live = [r for r in requests if max_len > 0 and self.kv.reserve(r.request_id, r.num_tokens + max_len - 1)]
+        live = [r for r in requests if max_len > 0 and self.reserve(r, r.num_tokens + max_len - 1)]
         if not live:
             return Proposal([drafts[r.request_id] for r in requests])
-        # Catch-up: every token the draft has not seen yet (the whole prompt the first time).
-        spans = [(r, self.kv.num_done[r.request_id], r.num_tokens) for r in live]
-        catchup = sum(b - a for _, a, b in spans)
-        logits = self._forward(live, [[r.token_at(t) for t in range(a, b)] for r, a, b in spans],
-                               [a for _, a, _ in spans])
-        for r in live:
-            self.kv.num_done[r.request_id] = r.num_tokens
+        logits, catchup = self.catch_up(live)
 
         def advance(rows, tokens, reqs, j):
-            return self._forward(reqs, [[t] for t in tokens], [r.num_tokens + j for r in reqs])
+            return self.score(reqs, [[t] for t in tokens], [r.num_tokens + j for r in reqs])
 
         drafts.update(autoregressive_drafts(live, max_len, min_confidence, self.picker, logits, advance))
         for r in live:
-            self.proposed_at[r.request_id] = (r.num_tokens, len(drafts[r.request_id].tokens) - 1)
+            self.mark_drafted(r, len(drafts[r.request_id].tokens) - 1)
         self.passes += max(len(drafts[r.request_id].tokens) for r in live)
         return Proposal([drafts[r.request_id] for r in requests], max(len(drafts[r.request_id].tokens) for r in live),
                         len(live), catchup)
 
-    def _forward(self, reqs: list[Request], spans: list[list[int]], starts: list[int], every_row: bool = False) -> torch.Tensor:
+    # --- what a drafting stage uses (staged.py) ----------------------------------------------------
+    def reserve(self, request: Request, num_tokens: int) -> bool:
+        """Room in the draft's KV for positions < num_tokens; False when it is full (no draft then)."""
+        return self.kv.reserve(request.request_id, num_tokens)
+
+    def catch_up(self, requests: list[Request]) -> tuple[torch.Tensor, int]:
+        """Run every token of each request the draft has not seen yet (the whole prompt the first time),
+        now seen -> (logits after each request's last token [B, vocab], the rows run)."""
+        spans = [(r, self.kv.num_done[r.request_id], r.num_tokens) for r in requests]
+        logits = self.score(requests, [[r.token_at(t) for t in range(a, b)] for r, a, b in spans],
+                            [a for _, a, _ in spans])
+        for r in requests:
+            self.kv.num_done[r.request_id] = r.num_tokens
+        return logits, sum(b - a for _, a, b in spans)
+
+    def mark_drafted(self, request: Request, rows: int) -> None:
+        """The first `rows` tokens of request's draft (after its known tokens) have KV rows computed on
+        them: after verification `observe` keeps those of the accepted ones."""
+        self.proposed_at[request.request_id] = (request.num_tokens, rows)
+
+    def truncate(self, request: Request, valid: int) -> None:
+        """Only the first `valid` positions of request's KV stay (rows past them were computed on
+        tokens that were rejected); no draft of it awaits verification."""
+        rid = request.request_id
+        self.proposed_at.pop(rid, None)
+        if rid in self.kv.num_done:
+            self.kv.num_done[rid] = min(self.kv.num_done[rid], valid)
+
+    def generator(self, request: Request) -> torch.Generator:
+        """request's draft generator (seeded from its seed)."""
+        return self.picker.generator(request)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.model.weight_bytes
+
+    def score(self, reqs: list[Request], spans: list[list[int]], starts: list[int], every_row: bool = False) -> torch.Tensor:
         """Run each request's token span at its positions -> logits of each span's last row [B, vocab]
         (every_row: of every row [sum of span lengths, vocab], spans one after another)."""
         dev = self.model.device

@@ -62,6 +62,7 @@ class _Window:
 
 class LookaheadDrafter(Drafter):
     wants_span_argmax = True
+    origin = TokenOrigin.LOOKAHEAD
 
     def __init__(self, window: int = 4, ngram: int = 3, guesses: int = 4):
         if window < 1 or ngram < 2 or guesses < 0:

@@ -42,11 +42,13 @@ def _band(p: float) -> int:
 
 
 class NgramDrafter(Drafter):
+    origin = TokenOrigin.NGRAM
+
     def __init__(self, model: KatzModel):
         self.model = model
         mids = [(lo + hi) / 2 for lo, hi in zip((0.0,) + BANDS, BANDS + (1.0,))]
         self.counts = [[PRIOR_WEIGHT * m, PRIOR_WEIGHT] for m in mids]  # per band: [accepted, tried] (decayed)
-        self.proposed: dict[str, tuple[list[int], int]] = {}  # rid -> (bands of its draft, verify steps before it)
+        self.proposed: dict[str, list[int]] = {}  # rid -> the probability bands of its latest draft's tokens
         self._best: dict[tuple[int, ...], tuple[int, float]] = {}
 
     def confidence(self, band: int) -> float:
@@ -80,19 +82,19 @@ class NgramDrafter(Drafter):
                 context = [context[-1], t] if context else [t]
             drafts.append(Draft(tokens, None, conf, origin=TokenOrigin.NGRAM))
             if tokens:
-                self.proposed[r.request_id] = (bands, len(r.spec_drafted))
+                self.proposed[r.request_id] = bands
         return Proposal(drafts)
 
     def propose_free(self, requests: list[Request], max_len: int) -> Optional[Proposal]:
         return self.propose(requests, max_len)
 
-    def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:
+    def on_verified(self, request: Request, draft: Draft, accepted: int) -> None:
         """Count, per band, the tokens of this request's draft that were tried (every accepted one and
-        the first rejected) and accepted, if a draft of ours was verified this step."""
-        got = self.proposed.pop(request.request_id, None)
-        if got is None or len(request.spec_drafted) != got[1] + 1:
-            return  # not verified (cut by the selection, or dropped by the scheduler)
-        bands, tried, acc = got[0], request.spec_drafted[-1], request.spec_accepted[-1]
+        the first rejected) and accepted."""
+        bands = self.proposed.pop(request.request_id, None)
+        if bands is None or draft.origin != TokenOrigin.NGRAM:
+            return
+        tried, acc = len(draft.tokens), accepted
         for j, band in enumerate(bands[:min(acc + 1, tried)]):
             c = self.counts[band]
             c[0], c[1] = DECAY * c[0] + (j < acc), DECAY * c[1] + 1.0

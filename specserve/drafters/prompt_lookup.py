@@ -27,12 +27,14 @@ def build(spec, ctx: DrafterContext) -> Drafter:
 
 
 class PromptLookupDrafter(Drafter):
+    origin = TokenOrigin.LOOKUP
+
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         # per n-gram length: [first accepted, first tried, later accepted, later tried] (decayed)
         self.counts = {n: [0.0, 0.0, 0.0, 0.0] for n in LOOKUP_CONFIDENCE}
         self.own: dict[str, dict[int, list[float]]] = {}  # the same per request
-        self.proposed: dict[str, tuple[int, int]] = {}  # rid -> (n-gram, verify steps before this draft)
+        self.proposed: dict[str, int] = {}  # rid -> the n-gram its latest copy matched
         self.index: dict[str, NgramIndex] = {}  # rid -> where its n-grams last occurred
 
     def confidence(self, ngram: int, num_tokens: int, rid: Optional[str] = None) -> list[float]:
@@ -60,19 +62,18 @@ class PromptLookupDrafter(Drafter):
             drafts.append(Draft(tokens, None, self.confidence(ngram, len(tokens), r.request_id) if tokens else [],
                                 origin=TokenOrigin.LOOKUP))
             if tokens:
-                self.proposed[r.request_id] = (ngram, len(r.spec_drafted))
+                self.proposed[r.request_id] = ngram
         return Proposal(drafts)
 
     def propose_free(self, requests: list[Request], max_len: int) -> Optional[Proposal]:
         return self.propose(requests, max_len)
 
-    def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:
-        """Count what this request's copy (if one was verified this step: `request.spec_drafted` has
-        grown by one since it was proposed) got accepted."""
+    def on_verified(self, request: Request, draft: Draft, accepted: int) -> None:
+        """Count what this request's copy got accepted (as verified: after the selection's cut)."""
         got = self.proposed.pop(request.request_id, None)
-        if got is None or not request.verified_draft_of(got[1], TokenOrigin.LOOKUP):
-            return  # no copy of ours was verified this step
-        n, tried, acc = min(got[0], max(LOOKUP_CONFIDENCE)), request.spec_drafted[-1], request.spec_accepted[-1]
+        if got is None or draft.origin != TokenOrigin.LOOKUP:
+            return  # not a copy of ours
+        n, tried, acc = min(got, max(LOOKUP_CONFIDENCE)), len(draft.tokens), accepted
         if tried == 0:
             return
         update = [float(acc >= 1), 1.0, float(max(0, min(acc, tried) - 1)), float(min(acc, tried - 1))]

@@ -52,13 +52,9 @@ def build(spec, ctx: DrafterContext) -> Drafter:
         helper: Drafter = DRAFTERS.get(last)(spec, ctx)
     else:
         helper = _model_stage(last, spec, ctx)
-    for name, model in reversed(list(zip(stages[1:-1], models[1:]))):
-        helper = StagedDrafter(model, helper, [name] + _names(helper, stages[-1]))
+    for level in range(len(models) - 1, 0, -1):  # bottom up: level i drafts for level i - 1
+        helper = StagedDrafter(models[level], helper, stages[level:])
     return StagedDrafter(models[0], helper, stages)
-
-
-def _names(helper: Drafter, last: str) -> list[str]:
-    return helper.names[1:] if isinstance(helper, StagedDrafter) else [last]
 
 
 def _model_stage(name: str, spec, ctx: DrafterContext) -> DraftModelDrafter:
@@ -110,13 +106,13 @@ class StagedDrafter(Drafter):
         batch 1), token_seconds (what one proposal cost the helper: its model pass if it is staged too,
         else its time per proposed token)}], the MIT report's alpha and c per pair."""
         alpha = self.kept / (self.kept + self.misses) if self.kept + self.misses else None
-        lower = self.helper.report()["stages"] if isinstance(self.helper, StagedDrafter) else []
+        lower = self.helper.report().get("stages", [])  # a staged helper's pairs below this one
         per_token = lower[0]["pass_seconds"] if lower else \
             (self.helper_seconds / self.proposed_b1 if self.proposed_b1 else None)
         mine = {"stage": self.names[0], "helper": self.names[1], "alpha": alpha,
                 "k": self.proposed / self.passes if self.passes else None,
                 "passes": self.passes + self.calls,  # every pass of this stage's model, catch-ups included
-                "weight_bytes": self.model.model.weight_bytes,
+                "weight_bytes": self.model.weight_bytes,
                 "pass_seconds": self.pass_seconds / self.passes_b1 if self.passes_b1 else None,
                 "token_seconds": per_token}
         return {"stages": [mine] + lower}
@@ -126,19 +122,15 @@ class StagedDrafter(Drafter):
                 tree=None) -> Proposal:
         m = self.model
         drafts = {r.request_id: Draft() for r in requests}
-        live = [r for r in requests if max_len > 0 and m.kv.reserve(r.request_id, r.num_tokens + max_len)]
+        live = [r for r in requests if max_len > 0 and m.reserve(r, r.num_tokens + max_len)]
         if not live:
             return Proposal([drafts[r.request_id] for r in requests])
         # Catch-up, as the plain draft model: every token this stage has not seen; its last row's logits
         # give the first draft token.
-        spans = [(r, m.kv.num_done[r.request_id], r.num_tokens) for r in live]
-        catchup = sum(b - a for _, a, b in spans)
         self.calls += 1
-        first = m._forward(live, [[r.token_at(t) for t in range(a, b)] for r, a, b in spans], [a for _, a, _ in spans])
+        first, catchup = m.catch_up(live)
         rows = {r.request_id: first[i:i + 1] for i, r in enumerate(live)}  # per request: logits rows [j, vocab]
         props: dict[str, list[int]] = {r.request_id: [] for r in live}
-        for r in live:
-            m.kv.num_done[r.request_id] = r.num_tokens
         cum = {r.request_id: 1.0 for r in live}
         active, passes = live, 1
         while True:
@@ -184,7 +176,7 @@ class StagedDrafter(Drafter):
             t0 = time.perf_counter()
             spans = [[drafts[r.request_id].tokens[-1]] + props[r.request_id] for r in still]
             starts = [r.num_tokens + len(drafts[r.request_id].tokens) - 1 for r in still]
-            logits = m._forward(still, spans, starts, every_row=True)  # [sum of span lengths, vocab]
+            logits = m.score(still, spans, starts, every_row=True)  # [sum of span lengths, vocab]
             if single:
                 self.pass_seconds += time.perf_counter() - t0
                 self.passes_b1 += 1
@@ -198,7 +190,7 @@ class StagedDrafter(Drafter):
             active = still
         for r in live:
             # rows of every draft token but the last were computed on it (the target's observe keeps those accepted)
-            m.proposed_at[r.request_id] = (r.num_tokens, len(drafts[r.request_id].tokens) - 1)
+            m.mark_drafted(r, len(drafts[r.request_id].tokens) - 1)
         return Proposal([drafts[r.request_id] for r in requests], passes, len(live), catchup)
 
     def _pick(self, r: Request, logits: torch.Tensor, proposal: Optional[int]):
@@ -209,7 +201,7 @@ class StagedDrafter(Drafter):
             p, tok = probs.max(-1)
             return int(tok), None, float(p)
         q = warp_logits(logits[None].float(), r.params)[0]
-        g = self.model.picker.generator(r)
+        g = self.model.generator(r)
         if proposal is not None:
             u = torch.rand((1,), generator=g, dtype=torch.float64, device=q.device)
             if float(u) < float(q[proposal]):
@@ -228,20 +220,12 @@ class StagedDrafter(Drafter):
         self.model.observe(request, start, hidden, num_accepted)
         # lower stages: their rows past the accepted drafts were computed on drafts that were rejected
         # (observe comes before the step's tokens are appended: request.num_tokens is the context's length)
-        self._truncate(self.helper, request, request.num_tokens + num_accepted)
+        self.helper.truncate(request, request.num_tokens + num_accepted)
 
-    @staticmethod
-    def _truncate(helper: Drafter, request: Request, valid: int) -> None:
-        if isinstance(helper, StagedDrafter):
-            StagedDrafter._truncate(helper.model, request, valid)
-            StagedDrafter._truncate(helper.helper, request, valid)
-        elif isinstance(helper, DraftModelDrafter):
-            rid = request.request_id
-            helper.proposed_at.pop(rid, None)
-            if rid in helper.kv.num_done:
-                helper.kv.num_done[rid] = min(helper.kv.num_done[rid], valid)
-        else:
-            helper.release(request)  # free drafters keep no state that outlives a round
+    def truncate(self, request: Request, valid: int) -> None:
+        """As a lower stage: every level keeps only the rows of request's first `valid` positions."""
+        self.model.truncate(request, valid)
+        self.helper.truncate(request, valid)
 
     def release(self, request: Request) -> None:
         self.model.release(request)

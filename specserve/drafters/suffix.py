@@ -36,13 +36,15 @@ def build(spec, ctx: DrafterContext) -> Drafter:
 
 
 class SuffixDrafter(Drafter):
+    origin = TokenOrigin.SUFFIX
+
     def __init__(self, max_nodes: int = 15, max_depth: int = 32, max_cached: int = MAX_CACHED):
         self.index = SuffixIndex(max_depth=max_depth)
         self.max_nodes, self.max_cached = max_nodes, max_cached
         self.cached: deque = deque()  # ids of earlier outputs in the index, oldest first
         self._next = 0
         self.calibration = [0.0, 0.0]  # decayed [first tokens accepted, the shares they were drafted with]
-        self.proposed: dict[str, tuple[float, int]] = {}  # rid -> (first token's share, verify steps before)
+        self.proposed: dict[str, float] = {}  # rid -> its latest draft's first token's share
 
     @property
     def scale(self) -> float:
@@ -62,19 +64,19 @@ class SuffixDrafter(Drafter):
             d = self._as_draft(t, min_confidence, self.scale)
             if d.tokens:  # the share of its likeliest first token, what the selection keeps first
                 first = max(_share(p, n) for p, n, parent in zip(t.probs, t.support, t.parents) if parent < 0)
-                self.proposed[r.request_id] = (first, len(r.spec_drafted))
+                self.proposed[r.request_id] = first
             drafts.append(d)
         return Proposal(drafts)
 
-    def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:
-        """Count whether the first token of this request's suffix draft, if one was verified this step,
-        was accepted, against the share it was drafted with."""
-        got = self.proposed.pop(request.request_id, None)
-        if got is None or not request.verified_draft_of(got[1], TokenOrigin.SUFFIX):
-            return  # no draft of ours was verified this step
-        if request.spec_drafted[-1]:
+    def on_verified(self, request: Request, draft: Draft, accepted: int) -> None:
+        """Count whether the first token of this request's suffix draft was accepted, against the share
+        it was drafted with."""
+        first = self.proposed.pop(request.request_id, None)
+        if first is None or draft.origin != TokenOrigin.SUFFIX:
+            return  # not a draft of ours
+        if draft.tokens:
             acc, promised = self.calibration
-            self.calibration = [DECAY * acc + (request.spec_accepted[-1] >= 1), DECAY * promised + got[0]]
+            self.calibration = [DECAY * acc + (accepted >= 1), DECAY * promised + first]
 
     @staticmethod
     def _as_draft(t, min_confidence: Optional[float], scale: float = 1.0) -> Draft:

@@ -85,9 +85,7 @@ class GraphModelRunner(ModelRunner):
         verify span), on the graph or the fused path the span would take when serving."""
         r = Request("calibrate", [0] * (context + 1), SamplingParams(temperature=0))
         r.block_table = table
-        if n > 1:
-            r.draft = Draft([0] * (n - 1))
-        step = [ScheduledRequest(r, context, n, n - 1)]
+        step = [ScheduledRequest(r, context, n, Draft([0] * (n - 1)) if n > 1 else None)]
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()

@@ -3,7 +3,8 @@
   1. adding a request compiles its constraint (cached) and gives each of its samples a Guide; a
      malformed or unsatisfiable constraint is a one-line ValueError then, never a hang later;
   2. after drafting, each constrained sequence's draft is cut where the grammar refuses a token
-     (`prune_drafts`): a chain at its first refused token, a tree's refused nodes with their subtrees;
+     (`prune_drafts`, the step's DraftBatch -> another): a chain at its first refused token, a tree's
+     refused nodes with their subtrees;
   3. after the target pass, every logits row of a constrained sequence is masked to what its grammar
      allows at that row (`mask_rows`): one row on a plain step, and along the draft in a verify span,
      so the verifier (greedy, or rejection sampling against the draft's q) works on the constrained
@@ -25,13 +26,43 @@ residual, as it must be. Deterministic drafts (q = one-hot) and greedy requests 
 residual of a one-hot q at a token p gives 0 to is p itself)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 
 from ..guided import GrammarCompiler, Guide
 from ..sampling.guided import allow_all, apply_bitmask
-from ..types import Request, SamplingParams
+from ..types import Draft, DraftBatch, SamplingParams
+
+
+def prune_drafts(drafts: DraftBatch, constrained: Mapping[str, tuple[Guide, SamplingParams]]) -> DraftBatch:
+    """The step's drafts with each constrained request's (constrained: request id -> its guide and
+    params) cut to what its grammar allows; a draft cut to nothing is left out. Reads the guides only
+    (each walk is rolled back)."""
+    out: DraftBatch = {}
+    for rid, d in drafts.items():
+        got = constrained.get(rid)
+        kept = d if got is None else _prune(d, *got)
+        if kept is not None:
+            out[rid] = kept
+    return out
+
+
+def _prune(d: Draft, g: Guide, params: SamplingParams) -> Optional[Draft]:
+    if not d.tokens:
+        return d
+    if not d.is_tree:
+        n = g.valid_prefix(d.tokens)
+        if n == len(d.tokens):
+            return d
+        # a sampled draft with its own q keeps its refused token as a sure rejection (module doc)
+        keep = list(range(n + 1 if d.probs is not None and not params.greedy else n))
+    else:
+        # a node is kept when its whole path is allowed (a refused node's subtree goes with it)
+        keep = [j for j, path in enumerate(d.paths()) if g.valid_prefix(path) == len(path)]
+        if len(keep) == len(d.tokens):
+            return d
+    return d.subset(keep) if keep else None
 
 
 class GuidedDecoding:
@@ -54,27 +85,6 @@ class GuidedDecoding:
         cannot be compiled."""
         g = params.guided()
         return None if g is None else self.compiler.guide(*g)
-
-    # --- drafts --------------------------------------------------------------------------------
-    @staticmethod
-    def prune_drafts(requests: list[Request], guides: list[Guide]) -> None:
-        """Cut each request's draft to what its grammar allows (request.draft is replaced)."""
-        for r, g in zip(requests, guides):
-            d = r.draft
-            if d is None or not d.tokens:
-                continue
-            if not d.is_tree:
-                n = g.valid_prefix(d.tokens)
-                if n == len(d.tokens):
-                    continue
-                # a sampled draft with its own q keeps its refused token as a sure rejection (module doc)
-                keep = list(range(n + 1 if d.probs is not None and not r.params.greedy else n))
-            else:
-                # a node is kept when its whole path is allowed (a refused node's subtree goes with it)
-                keep = [j for j, path in enumerate(d.paths()) if g.valid_prefix(path) == len(path)]
-                if len(keep) == len(d.tokens):
-                    continue
-            r.draft = d.subset(keep) if keep else None
 
     # --- logits --------------------------------------------------------------------------------
     @staticmethod

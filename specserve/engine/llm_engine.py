@@ -20,10 +20,10 @@ from ..models import build_model
 from ..sampling.bias import add_logit_bias
 from ..sampling.sampler import make_generator, sample, token_logprobs
 from ..scheduler.scheduler import ScheduledRequest, Scheduler
-from ..spec import SpeculativeDecoder, Verified, calibrate, make_policy
+from ..spec import Observed, SpeculativeDecoder, StepResult, VerifiedDraft, calibrate, make_policy, measure_prefill_chunk
+from ..spec.verify import Verified, is_seeded, verify
 from ..types import FinishReason, Request, RequestStatus, SamplingParams, TokenOrigin
-from .chunking import measure_prefill_chunk
-from .guided import GuidedDecoding
+from .guided import GuidedDecoding, prune_drafts
 from .runner import ModelRunner, StepOutput
 from .threads import ThreadGovernor
 
@@ -188,7 +188,6 @@ class LLMEngine:
                 r.status = RequestStatus.FINISHED
             else:
                 self.scheduler.abort(r)
-            r.draft = None
             if self.speculator is not None:
                 self.speculator.release(r)
             r.finish_reason = reason
@@ -223,13 +222,15 @@ class LLMEngine:
     def _step(self) -> list[tuple[Request, str]]:
         expired = self._expire()
         spec = self.speculator
+        drafts = None
         if spec is not None:
-            spec.propose(self.scheduler.running, self.scheduler.prompt_rows_next())
-            drafted = [(r, g) for r in self.scheduler.running if r.draft is not None and (g := self._guide(r)) is not None]
-            if drafted:
-                self.guided.prune_drafts([r for r, _ in drafted], [g for _, g in drafted])
+            drafts = spec.propose(self.scheduler.running, self.scheduler.prompt_rows_next())
+            constrained = {rid: (g, live.request.params) for rid in drafts
+                           if (live := self._live.get(rid)) is not None and (g := live.guide) is not None}
+            if constrained:
+                drafts = prune_drafts(drafts, constrained)
         t0 = time.perf_counter()
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(drafts)
         if spec is not None:
             for r in plan.preempted:
                 spec.release(r)
@@ -243,7 +244,7 @@ class LLMEngine:
         # Requests whose step samples: one logits row each, or a verify span of 1 + k rows.
         samplers = [(s, rows) for s, rows in out if rows.logits is not None and not s.num_draft_tokens]
         verifiers = [(s, rows) for s, rows in out if s.num_draft_tokens]
-        spans = [(rows.logits.start, g, s.request.draft if s.num_draft_tokens else None)
+        spans = [(rows.logits.start, g, s.draft)
                  for s, rows in out if rows.logits is not None and (g := self._guide(s.request)) is not None]
         # constrained rows: the grammar's mask (an n > 1 leader's first row serves its siblings too:
         # every guide starts at the grammar's start)
@@ -256,15 +257,21 @@ class LLMEngine:
         verified: dict[str, Verified] = {}  # by request id
         if verifiers:
             reqs = [s.request for s, _ in verifiers]
-            results = spec.verify(reqs, [out.logits[rows.logits] for _, rows in verifiers],
-                                  [self._live[r.request_id].generator for r in reqs])
+            results = verify([s.draft for s, _ in verifiers], [out.logits[rows.logits] for _, rows in verifiers],
+                             [r.params for r in reqs], [self._live[r.request_id].generator for r in reqs],
+                             [is_seeded(r.params, r.seed) for r in reqs], spec.tree.top_k, spec.wants_span_argmax)
             for (s, _), v in zip(verifiers, results):
                 verified[s.request.request_id] = v
                 moves = self.scheduler.keep_rows(s.request, _root(s), v.rows)
                 if moves:  # a tree's accepted path, next to its root
                     self.kv.move_slots([a for a, _ in moves], [b for _, b in moves])
+        # What the step teaches, once the target's rows are settled and before any token is appended:
+        # drafters roll their state back against the context the step computed (request.num_tokens
+        # before this step's tokens), and appending may finish (release) a request or fork a sibling
+        # from its leader's drafter state, which must already hold this step's rows.
         if spec is not None:
-            self._observe(out, verified)
+            spec.learn(StepResult([VerifiedDraft(s.request, s.draft, verified[s.request.request_id]) for s, _ in verifiers],
+                                  self._observed(out, verified)))
 
         plain_decoding = sum(1 for s, _ in samplers if s.request.output_token_ids)  # decode steps, not prompt ends
         results = self._sample_plain(samplers, out.logits, now) if samplers else []
@@ -303,8 +310,10 @@ class LLMEngine:
                 break
         return delta
 
-    def _observe(self, out: StepOutput, verified: dict[str, Verified]) -> None:
-        """Tell the drafter which of the target's rows stayed valid (with their hidden states)."""
+    @staticmethod
+    def _observed(out: StepOutput, verified: dict[str, Verified]) -> list[Observed]:
+        """Which of the target's rows stayed valid for each computed request (with their hidden states)."""
+        observed = []
         for s, rows in out:
             v = verified.get(s.request.request_id)
             hidden = None
@@ -314,7 +323,8 @@ class LLMEngine:
                 root = rows.tokens.start + _root(s) - s.start
                 keep = list(range(rows.tokens.start, root)) + [root + j for j in v.rows]
                 hidden = out.hidden[keep]
-            self.speculator.observe(s.request, s.start, hidden, 0 if v is None else v.num_accepted)
+            observed.append(Observed(s.request, s.start, hidden, 0 if v is None else v.num_accepted))
+        return observed
 
     def _sample_plain(self, samplers: list[tuple[ScheduledRequest, object]], logits: torch.Tensor, now: float):
         # Leaders finishing their prompt sample for all their siblings from the same logits row.

@@ -72,20 +72,21 @@ class ModelRunner:
             n_known = r.num_tokens
             token_ids.extend(r.token_slice(start, min(start + n, n_known)))
             tree = None
-            if start + n > n_known and r.draft.is_tree:
+            d = s.draft
+            if start + n > n_known and d.is_tree:
                 # a token tree after the last known token (the root): each node at the root's position
                 # plus its depth, attending to the context, the span's known tokens (a chain: more than
                 # the root after fast-forward) and its ancestors only; the scheduler computes a draft
                 # whole or not at all
                 known = n_known - start  # span rows 0 .. known - 1; the root is row known - 1
-                assert start + n - n_known == len(r.draft.tokens) and known >= 1
-                token_ids.extend(r.draft.tokens)
+                assert start + n - n_known == len(d.tokens) and known >= 1
+                token_ids.extend(d.tokens)
                 positions.extend(range(start, n_known))
-                positions.extend(n_known - 1 + d for d in r.draft.depths())
-                tree = [-1] + list(range(known - 1)) + [p + known for p in r.draft.parents]
+                positions.extend(n_known - 1 + depth for depth in d.depths())
+                tree = [-1] + list(range(known - 1)) + [p + known for p in d.parents]
             else:
                 if start + n > n_known:  # draft tokens ride after the known ones
-                    token_ids.extend(r.draft.tokens[:start + n - n_known])
+                    token_ids.extend(d.tokens[:start + n - n_known])
                 positions.extend(range(start, start + n))
             trees.append(tree)
             q_lens.append(n)

@@ -2,13 +2,15 @@
 
 Decode-maximal batching (SARATHI): running requests that decode go first (their token, and their
 drafts), then prompt chunks fill what is left of the step's prefill budget (`prefill_chunk`, measured
-on the machine: engine/chunking.py): running prefills first, then waiting requests admitted while the
+on the machine: spec/calibration.py): running prefills first, then waiting requests admitted while the
 budget, the sequence limit and free KV blocks allow. So a long prompt arriving never stalls the
 running decodes for more than one chunk's pass, and a prompt longer than the budget is prefilled in
-chunks. A request with draft tokens brings them too (1 + k tokens to
-verify). As in vLLM v1, scheduling a request moves its `num_computed_tokens` past the step's tokens
-(the step computes them), and `keep_rows` moves it back over the rejected drafts after verification,
-freeing the blocks they alone used (a token tree's accepted path first moves up next to its root).
+chunks. A request with draft tokens (`schedule(drafts)`: the controller's DraftBatch) brings them too
+(1 + k tokens to verify), and its ScheduledRequest records the draft, the one place it lives until
+verification (vLLM v1's `SchedulerOutput.scheduled_spec_decode_tokens`). As in vLLM v1, scheduling a
+request moves its `num_computed_tokens` past the step's tokens (the step computes them), and
+`keep_rows` moves it back over the rejected drafts after verification, freeing the blocks they alone
+used (a token tree's accepted path first moves up next to its root).
 When blocks run out, the newest running request is preempted: its blocks are freed and it is
 recomputed later (its generated tokens are kept). With prefix caching, a request admitted starts
 from the cached blocks of its longest cached prefix (kv/block_manager.py), and every request's full
@@ -22,18 +24,22 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..kv.block_manager import BlockManager
-from ..types import Request, RequestStatus
+from ..types import Draft, DraftBatch, Request, RequestStatus
 
 
 @dataclass(frozen=True)
 class ScheduledRequest:
     request: Request
     start: int  # the step computes the KV of positions start .. start + num_new_tokens - 1
-    num_new_tokens: int  # known tokens, then num_draft_tokens draft tokens riding after them
-    num_draft_tokens: int = 0
+    num_new_tokens: int  # known tokens, then the draft's tokens riding after them
+    draft: Optional[Draft] = None  # the draft verified this step (computed whole or not at all)
     # Whether this step reaches the request's last known token (and its drafts), so its logits pick
     # the next token(s): 1 + num_draft_tokens logits rows. False for a prompt chunk short of its end.
     samples: bool = True
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return 0 if self.draft is None else len(self.draft.tokens)
 
 
 @dataclass
@@ -64,7 +70,8 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: Optional[DraftBatch] = None) -> SchedulerOutput:
+        """drafts: this step's drafts by request id (SpeculativeDecoder.propose), for decoding requests."""
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         kept: list[Request] = []
@@ -78,9 +85,10 @@ class Scheduler:
             if prefill is None and not req.past_prompt:
                 prefill = self._prefill_budget(budget)
             # Draft tokens are just more tokens to compute; a budget too small for all of them drops them.
-            n = req.num_tokens + req.num_draft_tokens - req.num_computed_tokens
+            draft = drafts.get(req.request_id) if drafts else None
+            n = req.num_tokens + (0 if draft is None else len(draft.tokens)) - req.num_computed_tokens
             if n > budget:
-                req.draft = None
+                draft = None
                 n = min(req.num_tokens - req.num_computed_tokens, budget)
             if prefill is not None:
                 n = min(n, prefill)
@@ -97,7 +105,7 @@ class Scheduler:
             if req is None:
                 break
             self.blocks.allocate(req.block_table, req.num_computed_tokens + n)
-            out.scheduled.append(self._computes(req, n))
+            out.scheduled.append(self._computes(req, n, draft))
             kept.append(req)
             budget -= n
             if prefill is not None:
@@ -158,10 +166,12 @@ class Scheduler:
         return min(budget, max(self.prefill_chunk - used, self.blocks.block_size))
 
     @staticmethod
-    def _computes(req: Request, n: int) -> ScheduledRequest:
-        """The step computes n more tokens of req (blocks already allocated): record it, move on."""
-        s = ScheduledRequest(req, req.num_computed_tokens, n, req.num_draft_tokens,
-                             samples=req.num_computed_tokens + n == req.num_tokens + req.num_draft_tokens)
+    def _computes(req: Request, n: int, draft: Optional[Draft] = None) -> ScheduledRequest:
+        """The step computes n more tokens of req (blocks already allocated), then `draft` if it has
+        one (n counts its tokens): record it, move on."""
+        num_draft = 0 if draft is None else len(draft.tokens)
+        s = ScheduledRequest(req, req.num_computed_tokens, n, draft,
+                             samples=req.num_computed_tokens + n == req.num_tokens + num_draft)
         req.num_computed_tokens += n
         return s
 
@@ -198,7 +208,6 @@ class Scheduler:
         self._register(req)
         self.blocks.free(req.block_table)
         req.num_computed_tokens = 0
-        req.draft = None
         req.status = RequestStatus.WAITING
         if req in self.running:
             self.running.remove(req)

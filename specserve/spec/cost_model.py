@@ -1,15 +1,11 @@
 """The cost model speculation decides with: seconds per step by target rows (calibrated at start-up by
-`calibrate`, then measured while serving), seconds per draft step, acceptance, and what drafting
-steps yielded against plain steps. Predicts tokens per second of a step with a given draft length."""
+spec/calibration.py, then measured while serving), seconds per draft step, acceptance, and what drafting
+steps yielded against plain steps. Predicts tokens per second of a step with a given draft length.
+A pure table of numbers: it records what it is told and never runs a model."""
 from __future__ import annotations
 
 import bisect
-import time
 from typing import Optional
-
-import torch
-
-from ..attention.paged import AttentionMetadata
 
 DRAFT_COST_GUESS = 0.1  # draft step / target step, for decisions that must not depend on live timings
 # Drafting must yield this much more than plain steps. Break-even drafting is not neutral: it speeds the
@@ -238,51 +234,6 @@ class CostModel:
         return best if rates[best] > margin * rates[0] else 0
 
 
-
 def _between_keys(keys: list[int], x: int) -> bool:
     """Whether x lies strictly between the first and the last of the sorted keys."""
     return len(keys) >= 2 and keys[0] < x < keys[-1]
-
-
-def time_pass(model, kv, table: list[int], n: int, context: int = 0, mode: str = "split", repeats: int = 1,
-              every_row: bool = True) -> float:
-    """Seconds of the fastest of `repeats` bare target passes over n rows at positions context ..
-    context + n - 1 (table: a scratch block table holding them; every_row: logits at every row, as a
-    verify span needs, else at the last only, as a prompt chunk)."""
-    dev = model.device
-    meta = AttentionMetadata.build([n], [context + n], [table], kv.block_size, dev, mode=mode)
-    ids = torch.zeros(n, dtype=torch.long, device=dev)
-    pos = torch.arange(context, context + n, device=dev)
-    rows = torch.arange(n, device=dev) if every_row else torch.tensor([n - 1], device=dev)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        logits = model.forward(ids, pos, meta, kv.k, kv.v, rows)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-        del logits
-    return best
-
-
-def calibrate(costs: CostModel, model, kv, blocks, attention: str, plain_attention: str, max_rows: int,
-              context: int = 128, rows=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), time_fn=None) -> None:
-    """Time bare target passes over 1..64 rows once, so the cost model starts from measured numbers
-    (it keeps measuring while serving). model: the target; kv: its KVCache; blocks: its BlockManager
-    (a scratch table is taken and given back); attention: the verify spans' mode, plain_attention:
-    one-row steps' (engine/runner.py); max_rows: the scheduler's token budget. time_fn(table, n,
-    context, mode, repeats): how a pass is timed where the engine's runner does not run the model's
-    own forward (engine/graph_runner.py: CUDA graphs, ~20x below the eager pass on an H200)."""
-    rows = [n for n in rows if n <= max_rows]
-    table: list[int] = []
-    if not rows or not blocks.can_allocate(table, context + max(rows)):
-        return
-    blocks.allocate(table, context + max(rows))
-    try:
-        for n in [1] + rows:  # the first pass warms up
-            # the fastest of three: a one-off stall would bend the whole curve
-            mode = attention if n > 1 else plain_attention
-            seconds = time_fn(table, n, context, mode, 3) if time_fn else time_pass(model, kv, table, n, context, mode, 3)
-            costs.record_calibration(n, seconds)
-    finally:
-        blocks.free(table)

@@ -1,4 +1,5 @@
-"""Speculative decoding inside the step loop: draft before scheduling, verify after the target pass.
+"""Speculative decoding inside the step loop, the controller's side: draft before scheduling, learn after
+the step. Verification itself is a pure function (spec/verify.py) the engine calls in between.
 
 Each step, for the requests that are decoding:
   1. the draft-length policy says how far to draft; the cost model (what drafting steps of this batch
@@ -8,12 +9,13 @@ Each step, for the requests that are decoding:
      to measure again; within a drafting step, only the sequences whose own recent acceptance says
      drafting pays for them draft (choice.py), the others decode plainly and are probed now and then;
   2. the drafter proposes; `select_drafts` keeps, for the whole batch, the draft tokens whose chance of
-     acceptance (their calibrated confidence) beats what their rows cost on the step-time curve; they
-     become `request.draft` (the one place a draft lives), which the scheduler counts as more tokens
-     to compute;
-  3. after the target pass, `verify` turns each request's 1 + k logits rows into accepted tokens plus
-     one more (modified rejection sampling, or prefix match for greedy) and consumes the draft; the
-     engine asks `Scheduler.rollback` to forget the rejected rows and the drafter to `observe`.
+     acceptance (their calibrated confidence) beats what their rows cost on the step-time curve;
+     `propose` returns them as the step's DraftBatch, which guided pruning may cut and the scheduler
+     records in each request's ScheduledRequest (counted as more tokens to compute);
+  3. after the target pass the engine verifies each scheduled draft (`verify.verify`) and asks
+     `Scheduler.keep_rows` to forget the rejected rows; then `learn(StepResult)` updates, in one
+     place, the policies, the per-sequence choice, the statistics and the drafter (`on_verified` for
+     each verified draft, `observe` for every computed request).
 """
 from __future__ import annotations
 
@@ -24,47 +26,45 @@ from typing import Callable, Optional
 import torch
 
 from ..drafters.base import Drafter, Proposal, TreeShape
-from ..sampling.rejection import rejection_sample, verify_greedy
-from ..sampling.sampler import warp_logits
-from ..sampling.seeded import verify_by_sampling
-from ..sampling.tree import children_table, verify_tree, verify_tree_greedy
-from ..types import Draft, Request, RequestStatus, TokenOrigin
+from ..types import Draft, DraftBatch, Request, RequestStatus
 from .choice import SequenceChoice
 from .cost_model import DRAFT_COST_GUESS, CostModel
 from .hierarchy import measured_chain
 from .policies import DraftLengthPolicy
 from .selection import select_drafts
 from .stats import SpecStats
+from .verify import Verified, is_seeded
 
 AUTO_SHAPES = ("chain", "tree")  # what shape "auto" chooses among (registry.SHAPES)
-MAX_TREE_DEPTH = 32  # the deepest draft any policy asks for (BASS's l_limit)
-# the widest node a drafter makes (suffix drafting: 1 / MIN_PROB children; lookahead: its guesses and
-# the window's spine below the root): with the tree's top_k, the sampled verifier's uniforms grid
-MAX_TREE_WIDTH = 16
 
 
 @dataclass(frozen=True)
-class Verified:
-    """One request's verify span, verified."""
+class VerifiedDraft:
+    """One request's draft as the step verified it (after selection, guided pruning and scheduling)."""
 
-    num_drafted: int
+    request: Request
+    draft: Draft
+    result: Verified
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Rows the target computed for a request this step (a prompt chunk, a plain or a verify step):
+    from position `start`, with the last hidden states of the rows that stayed valid (drafters that
+    want them), after num_accepted accepted drafts."""
+
+    request: Request
+    start: int
+    hidden: Optional[torch.Tensor]
     num_accepted: int
-    tokens: list[int]  # to emit: the accepted drafts, then one token from the target
-    # the span rows that stay (row 0: the last known token; draft token j is row j + 1): the root and
-    # the accepted path, whose logits rows gave `tokens`. A chain's are 0..num_accepted; a tree's path
-    # may skip rows, whose KV then moves up (Scheduler.keep_rows).
-    rows: tuple[int, ...] = ()
-    depth: int = 0  # the draft's depth (a chain's length)
-    origin: TokenOrigin = TokenOrigin.DRAFT  # who proposed the accepted drafts (the last token: the target)
 
-    @property
-    def origins(self) -> list[TokenOrigin]:
-        """Who proposed each of `tokens`."""
-        return [self.origin] * self.num_accepted + [TokenOrigin.TARGET]
 
-    @property
-    def num_rejected(self) -> int:
-        return self.num_drafted - self.num_accepted
+@dataclass
+class StepResult:
+    """What a step did, for `SpeculativeDecoder.learn`."""
+
+    verified: list[VerifiedDraft]
+    observed: list[Observed]
 
 
 @dataclass
@@ -123,17 +123,24 @@ class SpeculativeDecoder:
 
     @staticmethod
     def _seeded(r: Request) -> bool:
-        return r.seed is not None and not r.params.greedy
+        return is_seeded(r.params, r.seed)
+
+    @property
+    def wants_span_argmax(self) -> bool:
+        """Whether verification must return the target's greedy token after every span row (learn's
+        observe_span, for lookahead decoding)."""
+        return self.drafter.wants_span_argmax
 
     def reset_stats(self) -> None:
         self.stats = SpecStats()
         self.drafter.reset_report()
 
     # --- before scheduling ----------------------------------------------------------------------
-    def propose(self, running: list[Request], prompt_rows: int = 0) -> None:
-        """Set `request.draft` for the running requests that decode this step and should draft.
-        prompt_rows: the prompt tokens the step will also carry (Scheduler.prompt_rows_next), on top of
-        which the selection prices draft rows."""
+    def propose(self, running: list[Request], prompt_rows: int = 0) -> DraftBatch:
+        """This step's drafts for the running requests that decode this step and should draft (only
+        drafts with tokens). prompt_rows: the prompt tokens the step will also carry
+        (Scheduler.prompt_rows_next), on top of which the selection prices draft rows."""
+        drafts: DraftBatch = {}
         decoding = [r for r in running if _decoding(r) and r.params.speculative is not False]
         shared = [r for r in decoding if not self._seeded(r)]
         # Seeded requests with the same length (and threshold) draft together: one draft pass each
@@ -153,16 +160,16 @@ class SpeculativeDecoder:
                 if k:
                     same_len.setdefault((k, floor), []).append(r)
         for (k, min_confidence), group in same_len.items():
-            self._draft(group, k, min_confidence)
+            self._draft(drafts, group, k, min_confidence)
         if not shared:
-            return
+            return drafts
         k = self.policy.draft_len()
         batch = len(shared)
         if self.fallback and not self.costs.rows_can_pay(batch, min(batch * max(k, 1), MAX_PAYING_ROWS)):
             # Not even a certain draft token would pay for its row at this batch size: a bare plain
             # step, without the draft pass, lookups or probes that the selection would all cut.
-            self._plain_step(shared, None)
-            return
+            self._plain_step(drafts, shared, None)
+            return drafts
         if self.fallback and self._since_spec < self._retry:
             # Draft when drafting steps at this batch size have been paying; before any has been
             # measured, when the acceptance rate predicts it pays. After a run of plain steps, one
@@ -181,9 +188,9 @@ class SpeculativeDecoder:
             refresh = bool(k) and pays is True and self._since_plain >= self.plain_every
             if k == 0 or refresh:
                 # refresh: a bare plain step, as free drafts' rows would spoil its timing
-                self._plain_step(shared, None if refresh else self.policy.draft_len(), prompt_rows)
+                self._plain_step(drafts, shared, None if refresh else self.policy.draft_len(), prompt_rows)
                 self._since_spec += not refresh
-                return
+                return drafts
         else:
             self._probed = self.fallback and self._since_spec > 0
         self._since_spec = 0
@@ -193,23 +200,24 @@ class SpeculativeDecoder:
         gate = self.costs.break_even_confidence(batch) if self.fallback else None
         drafting = shared if gate is None else self.choice.worth_drafting(shared, gate, self._probed)
         if not drafting:  # no sequence expected to pay for its draft: a plain step
-            self._plain_step(shared, k, prompt_rows)
-            return
+            self._plain_step(drafts, shared, k, prompt_rows)
+            return drafts
         floors = [c for c in (self.policy.min_confidence, gate) if c is not None]
         shape = self._pick_shape(batch)
         # the step's yield counts every shared sequence (those not drafted for emit their one token)
         self._step = DraftingStep(batch, batch, probe=self._probed, shape=shape)
-        self._draft(drafting, k, max(floors) if floors else None, select=self.fallback, shape=shape, batch=batch,
-                    prompt_rows=prompt_rows)
+        self._draft(drafts, drafting, k, max(floors) if floors else None, select=self.fallback, shape=shape,
+                    batch=batch, prompt_rows=prompt_rows)
+        return drafts
 
-    def _plain_step(self, shared: list[Request], free_len: Optional[int], prompt_rows: int = 0) -> None:
+    def _plain_step(self, out: DraftBatch, shared: list[Request], free_len: Optional[int], prompt_rows: int = 0) -> None:
         """A step without model drafts for the shared batch; free drafts (lookups) of up to free_len
         tokens are still verified where they pay (None: none, a bare plain step)."""
         self.stats.fallback_steps += 1
         self.stats.speculating = False
         self._since_plain = 0
         if free_len is not None and (proposal := self.drafter.propose_free(shared, free_len)) is not None:
-            self._use(shared, self._select(proposal.drafts, prompt_rows=prompt_rows))
+            _use(out, shared, self._select(proposal.drafts, prompt_rows=prompt_rows))
 
     def _pick_shape(self, batch: int) -> str:
         """Chain or tree for this drafting step: as configured, or ("auto") the shape whose drafting
@@ -223,7 +231,7 @@ class SpeculativeDecoder:
             return next(s for s in AUTO_SHAPES if s != best)
         return best
 
-    def _draft(self, requests: list[Request], k: int, min_confidence: Optional[float], select: bool = False,
+    def _draft(self, out: DraftBatch, requests: list[Request], k: int, min_confidence: Optional[float], select: bool = False,
                shape: Optional[str] = None, batch: Optional[int] = None, prompt_rows: int = 0) -> None:
         """shape: "chain" or "tree"; None: a seeded group's, which must not depend on live timings (a tree
         only where trees are forced). batch: the sequences the step decodes (the drafting ones and
@@ -251,13 +259,7 @@ class SpeculativeDecoder:
                     self._step.draft_seconds = passes * (t if t is not None else DRAFT_COST_GUESS * self.costs.step_seconds(1))
                 else:
                     self._step.draft_seconds = seconds
-        self._use(requests, self._select(proposal.drafts, batch, prompt_rows) if select else proposal.drafts)
-
-    @staticmethod
-    def _use(requests: list[Request], drafts: list[Draft]) -> None:
-        for r, d in zip(requests, drafts):
-            if d.tokens:
-                r.draft = d
+        _use(out, requests, self._select(proposal.drafts, batch, prompt_rows) if select else proposal.drafts)
 
     def _select(self, drafts: list[Draft], batch: Optional[int] = None, prompt_rows: int = 0) -> list[Draft]:
         """Cut the drafts along the step-time curve of the step's whole batch (default: the drafts'
@@ -276,79 +278,41 @@ class SpeculativeDecoder:
         plain = curve[0] if base == batch else self.costs.step_seconds(batch, batch)
         return select_drafts(drafts, curve, batch=batch, plain_seconds=plain)
 
-    # --- after the target pass ------------------------------------------------------------------
-    def verify(self, requests: list[Request], logits: list[torch.Tensor], generators: list) -> list[Verified]:
-        """requests with drafts; logits[i] [1 + k_i, vocab] for request i (its StepOutput rows). Consumes
-        each request's draft; returns, per request, the accepted drafts plus one token from the target."""
-        drafts = [r.draft for r in requests]
-        emitted: list[list[int]] = [[] for _ in requests]
-        paths: list[list[int]] = [[] for _ in requests]  # accepted draft tokens (indices)
-        # seeded sampled requests draw the target's own tokens and follow their draft while it matches
-        # (sampling/seeded.py): their output is regular decoding's for the seed, whatever was drafted
-        seeded = [i for i, r in enumerate(requests) if self._seeded(r)]
-        for i in seeded:
-            paths[i], nxt = verify_by_sampling(logits[i], drafts[i], requests[i].params, generators[i])
-            emitted[i] = [drafts[i].tokens[j] for j in paths[i]] + [nxt]
-        chains = [i for i, d in enumerate(drafts) if not d.is_tree and not self._seeded(requests[i])]
-        trees = [i for i, d in enumerate(drafts) if d.is_tree and not self._seeded(requests[i])]
-        greedy = [i for i in chains if requests[i].params.greedy]
-        sampled = [i for i in chains if not requests[i].params.greedy]
-        if greedy:
-            for i, (a, nxt) in zip(greedy, verify_greedy([logits[i] for i in greedy], [drafts[i].tokens for i in greedy])):
-                paths[i] = list(range(a))
-                emitted[i] = drafts[i].tokens[:a] + [nxt]
-        if sampled:
-            K = max(len(drafts[i].tokens) for i in sampled)
-            V = logits[sampled[0]].shape[-1]
-            dev = logits[sampled[0]].device
-            num = torch.tensor([len(drafts[i].tokens) for i in sampled], device=dev)
-            tokens = torch.zeros(len(sampled), K, dtype=torch.long, device=dev)
-            for row, i in enumerate(sampled):
-                tokens[row, :len(drafts[i].tokens)] = torch.tensor(drafts[i].tokens, device=dev)
-            p = torch.zeros(len(sampled), K + 1, V, device=dev)
-            draft_probs = [drafts[i].probs for i in sampled]
-            # None: a deterministic draft, q = one-hot (all None: rejection_sample takes q = None)
-            q = None if all(d is None for d in draft_probs) else torch.zeros(len(sampled), K, V, device=dev)
-            for row, i in enumerate(sampled):
-                p[row, :len(logits[i])] = warp_logits(logits[i], requests[i].params)
-                if q is not None and draft_probs[row] is not None:
-                    q[row, :len(draft_probs[row])] = draft_probs[row]
-                elif q is not None:
-                    n = len(drafts[i].tokens)
-                    q[row, torch.arange(n, device=dev), tokens[row, :n]] = 1.0
-            n_acc, nxt = rejection_sample(p, q, tokens, num, [generators[i] for i in sampled])
-            for row, i in enumerate(sampled):
-                a = int(n_acc[row])
-                paths[i] = list(range(a))
-                emitted[i] = drafts[i].tokens[:a] + [int(nxt[row])]
-        if trees:
-            for i, path, nxt in self._verify_trees([requests[i] for i in trees], [logits[i] for i in trees],
-                                                   [generators[i] for i in trees], trees):
-                paths[i] = path
-                emitted[i] = [drafts[i].tokens[j] for j in path] + [nxt]
+    # --- after the step: everything learned from it --------------------------------------------
+    def learn(self, step: "StepResult") -> None:
+        """Everything a step teaches, in one place: the drafter's span callback (lookahead), the
+        draft-length policies, the per-sequence choice, the acceptance and statistics (the requests'
+        spec_* statistics too), each verified draft's drafter (`on_verified`), then every computed
+        request's rows (`observe`). The engine calls it after verification and roll-back, before the
+        step's tokens are appended; only the step's timing comes later (`record_step`)."""
+        if step.verified:
+            self._learn_verified(step.verified)
+        for o in step.observed:
+            self.drafter.observe(o.request, o.start, o.hidden, o.num_accepted)
+
+    def _learn_verified(self, verified: list["VerifiedDraft"]) -> None:
         if self.drafter.wants_span_argmax:
-            for r, d, lg, path in zip(requests, drafts, logits, paths):
-                self.drafter.observe_span(r, d, lg.argmax(dim=-1).tolist(), path)
-        accepted = [len(path) for path in paths]
-        drafted = [len(d.tokens) for d in drafts]
-        depths = [max(d.depths(), default=0) for d in drafts]
+            for x in verified:
+                self.drafter.observe_span(x.request, x.draft, x.result.argmax, list(x.result.path))
+        accepted = [x.result.num_accepted for x in verified]
+        drafted = [x.result.num_drafted for x in verified]
+        depths = [x.result.depth for x in verified]
         # the draft-length policy and the per-depth statistics see a tree as its deepest chain, with
         # the accepted path's confidences
-        confidences = [[d.confidence[j] for j in path] + ([0.0] if len(path) < depth else [])
-                       if d.is_tree else d.confidence for d, path, depth in zip(drafts, paths, depths)]
-        for r in requests:
-            r.draft = None
+        confidences = [[x.draft.confidence[j] for j in x.result.path] + ([0.0] if len(x.result.path) < x.result.depth else [])
+                       if x.draft.is_tree else x.draft.confidence for x in verified]
         rejections = sum(a < n for a, n in zip(accepted, depths))
-        shared = [i for i, r in enumerate(requests) if not self._seeded(r)]
+        seeded = [self._seeded(x.request) for x in verified]
+        shared = [i for i, s in enumerate(seeded) if not s]
         if self._step is not None:
             self._step.tokens += sum(accepted[i] for i in shared)
         if shared:
             self.policy.update([depths[i] for i in shared], [accepted[i] for i in shared], [confidences[i] for i in shared])
-        for i, r in enumerate(requests):
-            if self._seeded(r):
-                self.own_policies[r.request_id].update([depths[i]], [accepted[i]], [confidences[i]])
+        for i, x in enumerate(verified):
+            if seeded[i]:
+                self.own_policies[x.request.request_id].update([depths[i]], [accepted[i]], [confidences[i]])
             else:
-                self.choice.record(r.request_id, accepted[i], depths[i])
+                self.choice.record(x.request.request_id, accepted[i], depths[i])
         self.costs.record_acceptance(sum(accepted), rejections)
         s = self.stats
         s.spec_steps += 1
@@ -357,50 +321,15 @@ class SpeculativeDecoder:
         s.accepted += sum(accepted)
         s.rejections += rejections
         s.record_positions(depths, accepted)
+        trees = [i for i, x in enumerate(verified) if x.draft.is_tree and not seeded[i]]
         s.tree_spans += len(trees)
         s.tree_nodes += sum(drafted[i] for i in trees)
-        for r, a, n, d in zip(requests, accepted, drafted, drafts):
+        for x, a, n in zip(verified, accepted, drafted):
+            r = x.request
             r.spec_drafted.append(n)
             r.spec_accepted.append(a)
-            r.spec_origin.append(d.origin)
-        return [Verified(n, len(path), e, (0,) + tuple(j + 1 for j in path), depth, d.origin)
-                for n, path, e, depth, d in zip(drafted, paths, emitted, depths, drafts)]
-
-    def _verify_trees(self, requests: list[Request], logits: list[torch.Tensor], generators: list, index: list[int]):
-        """Token-tree drafts (deterministic top-k children): the longest matching path for greedy
-        requests, multi-candidate speculative sampling for sampled ones (sampling/tree.py). Yields
-        (index[i], accepted path of draft indices, the target's next token)."""
-        for greedy in (True, False):
-            sel = [i for i, r in enumerate(requests) if r.params.greedy == greedy]
-            if not sel:
-                continue
-            drafts = [requests[i].draft for i in sel]
-            N = max(len(d.tokens) for d in drafts)
-            V, dev = logits[sel[0]].shape[-1], logits[sel[0]].device
-            tables = [children_table(d.parents) for d in drafts]
-            W = max(t.shape[1] for t in tables)
-            children = torch.full((len(sel), N + 1, W), -1, dtype=torch.long)
-            tokens = torch.zeros(len(sel), N, dtype=torch.long)
-            target = torch.zeros(len(sel), N + 1, V, device=dev)
-            for row, (i, d, t) in enumerate(zip(sel, drafts, tables)):
-                children[row, :t.shape[0], :t.shape[1]] = t
-                tokens[row, :len(d.tokens)] = torch.tensor(d.tokens)
-                n = len(d.tokens) + 1
-                target[row, :n] = logits[i] if greedy else warp_logits(logits[i], requests[i].params)
-            if greedy:
-                paths, nxt = verify_tree_greedy(target, tokens.to(dev), children.to(dev))
-            else:
-                # the uniforms' grid is fixed per request (sampling/tree.py): the deepest draft a policy
-                # asks for, the tree's width
-                paths, nxt = verify_tree(target, None, tokens.to(dev), children.to(dev), [generators[i] for i in sel],
-                                         max_depth=MAX_TREE_DEPTH, max_width=max(self.tree.top_k, MAX_TREE_WIDTH))
-            for row, i in enumerate(sel):
-                yield index[i], paths[row], int(nxt[row])
-
-    def observe(self, request: Request, start: int, hidden: Optional[torch.Tensor], num_accepted: int) -> None:
-        """The target computed rows for request from position start; hidden [valid rows, hidden] (for
-        drafters that want it) of the rows that stayed valid."""
-        self.drafter.observe(request, start, hidden, num_accepted)
+            r.spec_origin.append(x.draft.origin)
+            self.drafter.on_verified(r, x.draft, a)
 
     def fork(self, parent: Request, child: Request) -> None:
         self.drafter.fork(parent, child)
@@ -428,7 +357,6 @@ class SpeculativeDecoder:
         self._step = None
 
     def release(self, request: Request) -> None:
-        request.draft = None
         self.own_policies.pop(request.request_id, None)
         self.choice.release(request.request_id)
         self.drafter.release(request)
@@ -446,6 +374,13 @@ class SpeculativeDecoder:
         t_draft = self.costs.draft_step_seconds(1)
         t_target = self.costs.step_seconds(1)
         return t_draft / t_target if t_draft and t_target else None
+
+
+def _use(out: DraftBatch, requests: list[Request], drafts: list[Draft]) -> None:
+    """Into the step's batch: the drafts with tokens."""
+    for r, d in zip(requests, drafts):
+        if d.tokens:
+            out[r.request_id] = d
 
 
 def _decoding(r: Request) -> bool:

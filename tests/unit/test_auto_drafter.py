@@ -8,8 +8,14 @@ from specserve.types import Draft, Request, SamplingParams, TokenOrigin
 
 
 class Free(Drafter):
+    origin = TokenOrigin.LOOKUP
+
     def __init__(self, table):
         self.table = table  # rid -> (tokens, confidences)
+        self.verified = []  # on_verified calls: (rid, draft tokens, accepted)
+
+    def on_verified(self, request, draft, accepted):
+        self.verified.append((request.request_id, draft.tokens, accepted))
 
     def propose(self, requests, max_len, min_confidence=None, tree=None):
         drafts = []
@@ -52,18 +58,19 @@ def test_verified_model_drafts_move_the_estimate_and_the_choice():
     model = Model()
     auto = AutoDrafter([free], model)
     r = _req("r")
+    model_draft = Draft([7, 7, 7], None, [0.6] * 3)
     for _ in range(40):  # the model's drafts keep being accepted whole
-        auto.from_model[r.request_id] = len(r.spec_drafted)
-        r.spec_drafted.append(3)
-        r.spec_accepted.append(3)
+        auto.on_verified(r, model_draft, 3)
         auto.observe(r, 0, None, 3)
     assert auto.model_alpha > 0.9
     auto.propose([r], 2)
     assert model.asked == [["r"]]  # now the model promises more than the copy
     for _ in range(200):  # and then always rejected at once
-        auto.from_model[r.request_id] = len(r.spec_drafted)
-        r.spec_drafted.append(3)
-        r.spec_accepted.append(0)
+        auto.on_verified(r, model_draft, 0)
         auto.observe(r, 0, None, 0)
     assert auto.model_alpha < 0.3
     assert auto.propose([r], 2).drafts[0].tokens == [5, 6] and len(model.asked) == 1
+    # a verified copy goes to the free drafter that made it, and leaves the model's estimate alone
+    alpha = auto.model_alpha
+    auto.on_verified(r, Draft([5, 6], None, [0.7, 0.7], origin=TokenOrigin.LOOKUP), 1)
+    assert free.verified == [("r", [5, 6], 1)] and auto.model_alpha == alpha

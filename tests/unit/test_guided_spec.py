@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from specserve.engine.guided import GuidedDecoding
+from specserve.engine.guided import GuidedDecoding, prune_drafts
 from specserve.sampling.rejection import rejection_sample
 from specserve.types import Draft, Request, SamplingParams
 
@@ -78,22 +78,23 @@ def _draws(n, prune, mask_before, seed=1):
     toks[:, 1] = torch.multinomial(draft[toks[:, 0]], 1, generator=g)[:, 0]
     reqs = [Request(str(i), [ROOT], SamplingParams(temperature=1.0)) for i in range(n)]
     guides = [ToyGuide() for _ in range(n)]
-    for i, r in enumerate(reqs):
-        r.draft = Draft(toks[i].tolist(), draft[torch.tensor([ROOT, toks[i, 0]])], [0.5] * K)
-    prune(reqs, guides)
-    num = torch.tensor([0 if r.draft is None else len(r.draft.tokens) for r in reqs])
+    drafts = {r.request_id: Draft(toks[i].tolist(), draft[torch.tensor([ROOT, toks[i, 0]])], [0.5] * K)
+              for i, r in enumerate(reqs)}
+    drafts = prune(drafts, {r.request_id: (guides[i], r.params) for i, r in enumerate(reqs)})
+    kept = [drafts.get(r.request_id) for r in reqs]
+    num = torch.tensor([0 if d is None else len(d.tokens) for d in kept])
     tokens = torch.zeros(n, K, dtype=torch.long)
     q = torch.zeros(n, K, V)
     logits = torch.zeros(n, K + 1, V)
-    for i, r in enumerate(reqs):
+    for i in range(n):
         k = int(num[i])
         if k:
-            tokens[i, :k] = torch.tensor(r.draft.tokens)
-            q[i, :k] = r.draft.probs
+            tokens[i, :k] = torch.tensor(kept[i].tokens)
+            q[i, :k] = kept[i].probs
         ctx = [ROOT] + tokens[i, :k].tolist()
         logits[i, :k + 1] = target[ctx]
     flat = logits.view(n * (K + 1), V)
-    spans = [(i * (K + 1), guides[i], r.draft) for i, r in enumerate(reqs)]
+    spans = [(i * (K + 1), guides[i], kept[i]) for i in range(n)]
     if mask_before:
         GuidedDecoding.mask_rows(flat, spans)
     p = torch.softmax(logits, -1)
@@ -137,17 +138,20 @@ N = 60_000
 
 
 def test_pruned_and_masked_speculation_is_constrained_sampling():
-    assert _z(*_draws(N, GuidedDecoding.prune_drafts, mask_before=True)) < 4.0
+    assert _z(*_draws(N, prune_drafts, mask_before=True)) < 4.0
 
 
-def _cut_refused(reqs, guides):
+def _cut_refused(drafts, constrained):
     """Planted bug: a refused token of a sampled draft is dropped, not kept as a sure rejection."""
-    for r, g in zip(reqs, guides):
-        n = g.valid_prefix(r.draft.tokens)
-        r.draft = r.draft.subset(list(range(n))) if n else None
+    out = {}
+    for rid, d in drafts.items():
+        n = constrained[rid][0].valid_prefix(d.tokens)
+        if n:
+            out[rid] = d.subset(list(range(n)))
+    return out
 
 
-@pytest.mark.parametrize("prune, mask_before", [(_cut_refused, True), (GuidedDecoding.prune_drafts, False)],
+@pytest.mark.parametrize("prune, mask_before", [(_cut_refused, True), (prune_drafts, False)],
                          ids=["refused-token-cut", "mask-after-rejection"])
 def test_planted_bugs_fail(prune, mask_before):
     assert _z(*_draws(N, prune, mask_before)) > 6.0

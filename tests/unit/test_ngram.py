@@ -5,7 +5,7 @@ import pytest
 
 from specserve.drafters.ngram import NgramDrafter, _band
 from specserve.ngram import KatzModel, good_turing_discounts
-from specserve.types import Request, SamplingParams
+from specserve.types import Draft, Request, SamplingParams, TokenOrigin
 
 
 def _model(V=30, N=1500, seed=0, **kw):
@@ -92,13 +92,15 @@ def test_drafter_drafts_the_models_greedy_chain_and_counts_what_was_accepted():
     for j in range(2):  # first accepted, second rejected, the rest never tried
         c = expected[bands[j]]
         c[0], c[1] = 0.998 * c[0] + (j < 1), 0.998 * c[1] + 1
-    r.spec_drafted.append(4)
-    r.spec_accepted.append(1)
+    d.on_verified(r, draft, 1)
     d.observe(r, 10, None, 1)
     assert np.allclose(d.counts, expected)
-    # a draft that was not verified (cut by the selection: spec_drafted did not grow) is not counted
+    # a draft that was not verified (cut by the selection: no on_verified) is not counted
     d.propose([r], 4)
     d.observe(r, 11, None, 0)
+    assert np.allclose(d.counts, expected)
+    # nor is another drafter's draft verified for the same request
+    d.on_verified(r, Draft([1, 2], origin=TokenOrigin.LOOKUP), 2)
     assert np.allclose(d.counts, expected)
 
 

@@ -103,17 +103,15 @@ def test_greedy_prefix_and_next_token():
 def test_verify_mixes_deterministic_and_sampled_drafts_in_one_batch():
     """lookup+draft: one sequence's draft came from prompt lookup (q = one-hot, no probs), another's
     from the draft model (q = probs). Each is judged by its own q in one batched verification."""
-    from specserve.drafters.base import Drafter
-    from specserve.spec import SpeculativeDecoder, make_policy
-    from specserve.types import Draft, Request, SamplingParams
+    from specserve.spec import verify
+    from specserve.types import Draft, SamplingParams
 
     V = 6
-    spec = SpeculativeDecoder(Drafter(), lambda: make_policy("fixed", 2), fallback=False)
     params = SamplingParams(temperature=1.0, max_tokens=8)
     q = torch.zeros(2, V)
     q[0, 5] = q[1, 0] = 1.0  # the draft model was sure of its tokens too
-    det = Request("det", [1, 2], params, draft=Draft([3, 4], None, [1.0, 1.0]))
-    sam = Request("sam", [1, 2], params, draft=Draft([5, 0], q, [1.0, 1.0]))
+    det = Draft([3, 4], None, [1.0, 1.0])
+    sam = Draft([5, 0], q, [1.0, 1.0])
 
     def sure_of(*tokens):  # logits rows putting (almost) all mass on these tokens
         rows = torch.full((len(tokens), V), -30.0)
@@ -121,7 +119,8 @@ def test_verify_mixes_deterministic_and_sampled_drafts_in_one_batch():
         return rows
 
     gens = [torch.Generator().manual_seed(i) for i in range(2)]
-    out = spec.verify([det, sam], [sure_of(3, 4, 2), sure_of(5, 1, 2)], gens)
+    out = verify([det, sam], [sure_of(3, 4, 2), sure_of(5, 1, 2)], [params, params], gens, [False, False])
     assert (out[0].num_accepted, out[0].tokens) == (2, [3, 4, 2])  # both lookup drafts accepted, bonus token 2
     assert (out[1].num_accepted, out[1].tokens) == (1, [5, 1])  # the model's second draft (0) rejected, the target's 1
-    assert det.draft is None and sam.draft is None  # verification consumed the drafts
+    assert det.tokens == [3, 4] and sam.tokens == [5, 0]  # verification is pure: the drafts stay as they were
+    assert [v.path for v in out] == [(0, 1), (0,)] and [v.rows for v in out] == [(0, 1, 2), (0, 1)]

@@ -37,12 +37,11 @@ def test_runner_appends_drafts_and_asks_logits_for_every_span_row():
     runner = ModelRunner(model, kv, torch.device("cpu"))
     a = Request("a", [10, 11, 12], SamplingParams())
     a.output_token_ids, a.block_table = [20], [0, 1]
-    a.draft = Draft([30, 31, 32])
     b = Request("b", [40, 41], SamplingParams())
     b.output_token_ids, b.block_table = [50], [2]
     c = Request("c", [60, 61, 62, 63, 64], SamplingParams())  # a prompt chunk short of its end
     c.block_table = [3, 4]
-    out = runner.execute([ScheduledRequest(a, 3, 4, 3), ScheduledRequest(c, 0, 3, samples=False),
+    out = runner.execute([ScheduledRequest(a, 3, 4, Draft([30, 31, 32])), ScheduledRequest(c, 0, 3, samples=False),
                           ScheduledRequest(b, 2, 1)])
     assert model.ids == [20, 30, 31, 32, 60, 61, 62, 50]
     assert model.pos == [3, 4, 5, 6, 0, 1, 2, 2]
@@ -68,8 +67,8 @@ def test_runner_puts_a_tree_after_fast_forwarded_tokens():
     runner = ModelRunner(model, kv, torch.device("cpu"))
     a = Request("a", [10, 11], SamplingParams())
     a.output_token_ids, a.block_table = [20, 21, 22], [0, 1, 2]  # 20 sampled, 21 and 22 forced: 2 computed
-    a.draft = Draft([30, 31, 32], parents=[-1, -1, 0])  # 30 and 31 after 22, 32 after 30
-    out = runner.execute([ScheduledRequest(a, 2, 6, 3)])
+    tree = Draft([30, 31, 32], parents=[-1, -1, 0])  # 30 and 31 after 22, 32 after 30
+    out = runner.execute([ScheduledRequest(a, 2, 6, tree)])
     assert model.ids == [20, 21, 22, 30, 31, 32]
     assert model.pos == [2, 3, 4, 5, 5, 6]
     assert model.parents == [[-1, 0, 1, 2, 2, 3]]

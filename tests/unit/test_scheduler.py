@@ -69,9 +69,10 @@ def decoding_with_draft(s, prompt_len, num_drafts):
     r = req(0, prompt_len)
     s.add(r)
     advance(s.schedule())
-    r.draft = Draft(list(range(100, 100 + num_drafts)))
-    out = s.schedule()
+    draft = Draft(list(range(100, 100 + num_drafts)))
+    out = s.schedule({r.request_id: draft})
     assert out.scheduled[0].num_draft_tokens == num_drafts and out.scheduled[0].num_new_tokens == 1 + num_drafts
+    assert out.scheduled[0].draft is draft  # recorded where the step reads it
     return r
 
 
@@ -111,8 +112,7 @@ def test_rollback_of_a_forked_sample_leaves_shared_blocks_to_its_sibling():
     assert all(bm.ref_counts[b] == 2 for b in shared)
     sib.output_token_ids.append(7)
     from specserve.types import Draft
-    sib.draft = Draft([1, 2, 3])
-    out = s.schedule()
+    out = s.schedule({sib.request_id: Draft([1, 2, 3])})
     assert [x.request for x in out.scheduled] == [leader, sib]
     assert len(sib.block_table) == 3  # 9 known + 3 drafts: a private third block
     private = sib.block_table[2]
@@ -130,9 +130,10 @@ def test_dropped_drafts_and_preemption_clear_the_draft():
     r = req(0, 2)
     s.add(r)
     advance(s.schedule())
-    r.draft = Draft([1, 2, 3, 4])  # 1 + 4 tokens > budget 3: the draft is dropped, the token stays
-    out = s.schedule()
-    assert r.draft is None and out.scheduled[0].num_new_tokens == 1 and out.scheduled[0].num_draft_tokens == 0
+    # 1 + 4 tokens > budget 3: the draft is dropped, the token stays
+    out = s.schedule({r.request_id: Draft([1, 2, 3, 4])})
+    assert out.scheduled[0].draft is None and out.scheduled[0].num_new_tokens == 1
+    assert out.scheduled[0].num_draft_tokens == 0
 
 
 def test_keep_rows_moves_a_tree_path_next_to_its_root_and_rolls_back_the_rest():

@@ -5,7 +5,17 @@ import torch
 from specserve.drafters.prompt_lookup import PromptLookupDrafter
 from specserve.spec import CostModel
 from specserve.spec.policies import BassPolicy, FixedPolicy, ThresholdPolicy, make_policy
-from specserve.types import Request, SamplingParams, TokenOrigin
+from specserve.types import Request, SamplingParams
+
+
+def verify_and_learn(spec, reqs, drafts, logits, generators=None):
+    """The engine's verify-then-learn for requests drafted `drafts`, on their logits spans."""
+    from specserve.spec import StepResult, VerifiedDraft, verify
+    from specserve.spec.verify import is_seeded
+    results = verify(drafts, logits, [r.params for r in reqs], generators or [None] * len(reqs),
+                     [is_seeded(r.params, r.seed) for r in reqs], spec.tree.top_k, spec.wants_span_argmax)
+    spec.learn(StepResult([VerifiedDraft(r, d, v) for r, d, v in zip(reqs, drafts, results)], []))
+    return results
 
 
 def _decoding(rid: str) -> "Request":
@@ -280,9 +290,9 @@ def test_seeded_requests_with_the_same_length_draft_in_one_pass():
     drafter = Recorder()
     spec = SpeculativeDecoder(drafter, lambda: make_policy("fixed", 3), fallback=False)
     reqs = [decoding("a", 1, 0.8), decoding("b", 2, 0.8), decoding("c", 3, 0.8), decoding("g", None, 0.0)]
-    spec.propose(reqs)
+    drafts = spec.propose(reqs)
     assert sorted(drafter.calls) == [(["a", "b", "c"], 3), (["g"], 3)]
-    assert all(r.draft.tokens == [1, 1, 1] for r in reqs)
+    assert all(drafts[r.request_id].tokens == [1, 1, 1] for r in reqs)
 
 
 def test_lookups_are_not_timed_as_draft_model_steps():
@@ -360,11 +370,9 @@ def test_lookup_confidence_follows_what_copies_get_accepted():
     d = PromptLookupDrafter(max_ngram=3)
     r = Request("a", [1, 2, 3, 9, 1, 2, 3], SamplingParams())
     assert d.propose([r], 4).drafts[0].confidence[0] == pytest.approx(0.73)
-    for _ in range(20):  # each copy verified and rejected at its first token
-        d.propose([r], 4)
-        r.spec_drafted.append(1)
-        r.spec_accepted.append(0)
-        r.spec_origin.append(TokenOrigin.LOOKUP)
+    for _ in range(20):  # each copy verified (cut to its first token) and rejected there
+        draft = d.propose([r], 4).drafts[0]
+        d.on_verified(r, draft.subset([0]), 0)
         d.observe(r, 0, None, 0)
     own = d.propose([r], 4).drafts[0].confidence[0]
     other = d.propose([Request("b", [1, 2, 3, 9, 1, 2, 3], SamplingParams())], 4).drafts[0].confidence[0]
@@ -401,10 +409,8 @@ def test_while_drafting_pays_one_plain_step_in_plain_every_re_measures_plain_ste
     spec.costs.record_yield(1, tokens=3, draft_seconds=0.0, step_seconds=12e-3)  # drafting: 3 per 12 ms, pays
     pattern = []
     for _ in range(8):
-        r.draft = None
         spec._step = None
-        spec.propose([r])
-        pattern.append("D" if r.draft is not None else ".")
+        pattern.append("D" if r.request_id in spec.propose([r]) else ".")
     assert "".join(pattern) == "DDD.DDD."
     assert spec.stats.fallback_steps == 2
 
@@ -438,10 +444,8 @@ def test_a_seeded_request_keeps_probing_after_rejections_and_its_prior_softens_o
     def pattern(r, steps):
         out = ""
         for _ in range(steps):
-            r.draft = None
             spec._step = None
-            spec.propose([r])
-            out += "D" if r.draft is not None else "."
+            out += "D" if r.request_id in spec.propose([r]) else "."
         return out
 
     assert pattern(seeded([7], [0]), 3) == "DDD"  # one bad draft: alpha (0 + 1) / (1 + 2), drafting still pays
@@ -508,12 +512,10 @@ def test_a_drafting_step_drafts_only_for_the_sequences_expected_to_pay():
         spec.choice.recent[rid] = (0.0, 10.0)  # 1 / 12: below
     patterns = {r.request_id: "" for r in reqs}
     for _ in range(13):
-        for r in reqs:
-            r.draft = None
         spec._step = None
-        spec.propose(reqs)
+        drafts = spec.propose(reqs)
         for r in reqs:
-            patterns[r.request_id] += "D" if r.draft is not None else "."
+            patterns[r.request_id] += "D" if r.request_id in drafts else "."
     assert patterns["good1"] == patterns["good2"] == "D" * 13
     assert patterns["bad1"] == patterns["bad2"] == "...D.......D."
     # the batch's own probe (after its plain steps) drafts for one sequence at least, the likeliest
@@ -524,10 +526,9 @@ def test_a_drafting_step_drafts_only_for_the_sequences_expected_to_pay():
     assert "bad1" not in spec.choice.recent and "bad1" not in spec.choice.plain
     # verification moves a sequence's recent acceptance: 1 of its 2 drafts accepted, then a rejection
     good = reqs[0]
-    good.draft = Draft([1, 1], None, [0.99, 0.99])
     logits = torch.zeros(3, 4)
     logits[0, 1] = logits[1, 2] = logits[2, 3] = 1.0  # the target takes draft 1, then wants 2 (not 1)
-    spec.verify([good], [logits], [None])
+    verify_and_learn(spec, [good], [Draft([1, 1], None, [0.99, 0.99])], [logits])
     assert spec.choice.recent["good1"] == pytest.approx((0.8 * 8 + 1, 0.8 * 10 + 2))
 
 
@@ -573,11 +574,11 @@ def test_no_drafts_lookups_or_probes_where_not_even_a_certain_token_pays_for_its
     assert not spec.costs.rows_can_pay(8, 16) and not spec.costs.rows_can_pay(16, 32)
     batch = [_decoding(str(i)) for i in range(8)]
     for _ in range(20):
-        spec.propose(batch)
-    assert Counting.calls == 0 and all(r.draft is None for r in batch)
+        assert spec.propose(batch) == {}
+    assert Counting.calls == 0
     assert spec.stats.fallback_steps == 20
-    spec.propose(batch[:1])
-    assert Counting.calls == 1 and batch[0].draft is not None
+    drafts = spec.propose(batch[:1])
+    assert Counting.calls == 1 and batch[0].request_id in drafts
 
 
 def test_plain_sequences_are_not_probed_where_the_gate_is_above_what_drafts_reach():
@@ -627,9 +628,9 @@ def test_the_selection_prices_rows_at_the_whole_steps_batch_when_few_sequences_d
     spec.choice.recent["0"] = (99.0, 100.0)  # the one sequence above the gate
     for r in reqs[1:]:
         spec.choice.recent[r.request_id] = (0.0, 100.0)
-    spec.propose(reqs)
+    drafts = spec.propose(reqs)
     assert Likely.asked == [["0"]]  # the per-sequence choice drafted for the one sequence
-    assert all(r.draft is None for r in reqs)  # and the batch-8 curve cut its rows
+    assert drafts == {}  # and the batch-8 curve cut its rows
     # the same draft alone (batch 1): rows are cheap, both tokens verified
     d = Draft([1, 1], None, [0.8, 0.8])
     curve1 = [curve_ms[1] / 1e3, curve_ms[2] / 1e3, (curve_ms[2] + curve_ms[4]) / 2e3]
@@ -655,7 +656,6 @@ def test_drafts_are_priced_on_top_of_the_prompt_chunk_the_step_carries():
     drafts = []
     for prompt_rows in (0, 15):
         r = _decoding(str(prompt_rows))
-        spec.propose([r], prompt_rows)
-        drafts.append(r.draft)
+        drafts.append(spec.propose([r], prompt_rows).get(r.request_id))
     assert drafts[0] is not None and drafts[0].tokens == [1, 1]
     assert drafts[1] is None

@@ -3,7 +3,6 @@ exactly, whatever the stage below proposes (kept with probability q(y), else a d
 checked over 3 x 10^4 draft chains of a stage whose q is a known Markov chain; a planted bug (the draw
 after a rejected proposal taken from q itself) makes the check fail. Greedy drafts are the stage's
 argmax chain, and each round's KV bookkeeping keeps only rows computed on kept tokens."""
-from types import SimpleNamespace
 
 import torch
 
@@ -22,27 +21,40 @@ TABLE = torch.tensor([[2.0, 0.5, 1.0, -1.0, 0.0],
 Q = torch.softmax(TABLE, -1)
 
 
-class _KV:
-    def __init__(self):
-        self.num_done = {}
+class MarkovStage:
+    """A stand-in for a draft model (the public methods a stage uses, as DraftModelDrafter's): logits
+    depend on the row's own token only."""
 
-    def reserve(self, rid, n):
-        self.num_done.setdefault(rid, 0)
+    weight_bytes = 0
+
+    def __init__(self):
+        self.picker, self.drafted, self.done = DraftPicker(V, torch.device("cpu")), {}, {}
+        self.rows_fed = []
+
+    def reserve(self, request, num_tokens):
+        self.done.setdefault(request.request_id, 0)
         return True
 
+    def catch_up(self, requests):
+        spans = [[r.token_at(t) for t in range(self.done[r.request_id], r.num_tokens)] for r in requests]
+        logits = self.score(requests, spans, [self.done[r.request_id] for r in requests])
+        for r in requests:
+            self.done[r.request_id] = r.num_tokens
+        return logits, sum(len(s) for s in spans)
 
-class MarkovStage:
-    """A stand-in for a draft model: logits depend on the row's own token only."""
-
-    def __init__(self):
-        self.kv, self.picker, self.proposed_at = _KV(), DraftPicker(V, torch.device("cpu")), {}
-        self.rows_fed = []
-        self.model = SimpleNamespace(weight_bytes=0)
-
-    def _forward(self, reqs, spans, starts, every_row=False):
+    def score(self, reqs, spans, starts, every_row=False):
         self.rows_fed.append([len(s) for s in spans])
         rows = [TABLE[t] for s in spans for t in (s if every_row else s[-1:])]
         return torch.stack(rows)
+
+    def mark_drafted(self, request, rows):
+        self.drafted[request.request_id] = (request.num_tokens, rows)
+
+    def generator(self, request):
+        return self.picker.generator(request)
+
+    def truncate(self, request, valid):
+        pass
 
     def observe(self, *a):
         pass
@@ -108,7 +120,22 @@ def test_greedy_drafts_the_argmax_chain_in_fewer_passes_and_reports_kept_proposa
     assert d.tokens == argmax[1:7]
     assert len(stage.rows_fed) == 2  # the catch-up, then one pass over [first token] + 4 proposals
     assert stage.rows_fed[1] == [5] and helper.observed == [4]
-    assert stage.proposed_at["g"] == (1, 5)  # rows of every draft token but the last
+    assert stage.drafted["g"] == (1, 5)  # rows of every draft token but the last
     wrong = StagedDrafter(MarkovStage(), FixedProposals([4, 4, 4]), ["m", "fixed"])
     assert wrong.propose([Request("w", [0], SamplingParams(temperature=0))], 6).drafts[0].tokens == argmax[1:7]
     assert wrong.report()["stages"][0]["alpha"] == 0.0
+
+
+def test_a_stage_is_run_through_its_public_methods_only():
+    """StagedDrafter drives its stage model through DraftModelDrafter's public methods (reserve, catch_up,
+    score, mark_drafted, truncate, generator) and its helper through the Drafter interface: no private
+    attribute of another object, no type checks."""
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(staged))
+    private = sorted({n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+                      and not (isinstance(n.value, ast.Name) and n.value.id == "self")})
+    assert private == []
+    calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "isinstance" not in calls
+    assert not {"kv", "proposed_at", "picker"} & {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}

@@ -46,9 +46,9 @@ def _prefilled(model, dtype=torch.float32):
     a.block_table, b.block_table, c.block_table = [0, 1], [2, 3, 4], [5, 6]
     eager.execute([ScheduledRequest(r, 0, len(r.prompt_token_ids)) for r in (a, b, c)])
     a.output_token_ids, b.output_token_ids, c.output_token_ids = [20], [21], [22]
-    b.draft = Draft([30, 31, 32])  # a chain to verify
-    c.draft = Draft([40, 41, 42], parents=[-1, -1, 0])  # a tree hanging from 22
-    step = [ScheduledRequest(a, 6, 1), ScheduledRequest(b, 5, 4, 3), ScheduledRequest(c, 4, 4, 3)]
+    chain = Draft([30, 31, 32])  # a chain to verify
+    tree = Draft([40, 41, 42], parents=[-1, -1, 0])  # a tree hanging from 22
+    step = [ScheduledRequest(a, 6, 1), ScheduledRequest(b, 5, 4, chain), ScheduledRequest(c, 4, 4, tree)]
     return kv, step
 
 
@@ -124,9 +124,10 @@ def test_prompt_chunks_run_the_fused_kernels_without_a_graph():
 
 
 def test_time_pass_times_a_verify_span_on_the_path_serving_takes():
-    """The cost model's calibration through the graph runner (spec.cost_model.calibrate's time_fn)."""
+    """The cost model's calibration through the graph runner (spec.calibration.calibrate's time_fn)."""
     from specserve.kv.block_manager import BlockManager
-    from specserve.spec.cost_model import CostModel, calibrate
+    from specserve.spec.calibration import calibrate
+    from specserve.spec.cost_model import CostModel
     model = _model()
     kv = KVCache(2, 12, 4, 2, 16, torch.float32, CPU)
     runner = GraphModelRunner(model, kv, CPU, "pad", max_seqs=4, max_model_len=64, max_graph_tokens=8,

@@ -7,7 +7,7 @@ import pytest
 
 from specserve.drafters.suffix import SuffixDrafter
 from specserve.ngram.suffix import SuffixIndex
-from specserve.types import FinishReason, Request, RequestStatus, SamplingParams, TokenOrigin
+from specserve.types import Draft, FinishReason, Request, RequestStatus, SamplingParams, TokenOrigin
 
 
 def _brute_match(seqs, context, max_depth):
@@ -106,10 +106,8 @@ def test_shares_are_scaled_by_what_verification_measured_of_them():
     later = _request("b", [7, 7, 10, 11, 12, 13])
 
     def verified(origin, drafted, accepted):
-        d.propose([later], 8)
-        later.spec_drafted.append(drafted)
-        later.spec_accepted.append(accepted)
-        later.spec_origin.append(origin)
+        draft = d.propose([later], 8).drafts[0]
+        d.on_verified(later, Draft(draft.tokens[:drafted], origin=origin), accepted)
         d.observe(later, 0, None, accepted)
 
     for _ in range(10):
