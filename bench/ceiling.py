@@ -15,8 +15,8 @@ import argparse
 import time
 
 from specserve import LLM, SamplingParams
-from specserve.spec import CostModel, calibrate
-from specserve.spec.hierarchy import gain
+from specserve.speculative import CostModel, calibrate
+from specserve.speculative.hierarchy import gain
 from specserve_bench.humaneval import humaneval_problems
 from specserve_bench.machine import cpu
 from specserve_bench.spec_shapes import prompt_sets

@@ -89,7 +89,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048  # tokens per forward pass (prefill chunks + decodes)
     max_model_len: Optional[int] = None  # None: the model's context length (it cannot exceed it)
     # SARATHI: prompt tokens per step after the running decodes. "auto": measured on this machine when
-    # the engine starts (spec/calibration.py: the smallest chunk whose prefill rate is within 10% of the
+    # the engine starts (speculative/calibration.py: the smallest chunk whose prefill rate is within 10% of the
     # best); an int: that many; None: whole prompts, up to max_num_batched_tokens a step.
     prefill_chunk: Union[int, str, None] = option(
         "auto", "prompt tokens per step beside the running decodes (SARATHI): auto (measured at start), a number, "
@@ -170,7 +170,7 @@ class SpeculativeConfig:
                 raise ValueError(f"draft_len must be 'auto' or an integer >= 1, got {self.draft_len!r}")
             self.draft_len = k
         _check_int("lookup_max_ngram", self.lookup_max_ngram, 1)
-        # bounds that keep the lookahead tree inside the verifier's (spec/verify.py: depth 32, width 16)
+        # bounds that keep the lookahead tree inside the verifier's (speculative/verify.py: depth 32, width 16)
         _check_int("lookahead_window", self.lookahead_window, 1, 16)
         _check_int("lookahead_ngram", self.lookahead_ngram, 2, 8)
         _check_int("lookahead_guesses", self.lookahead_guesses, 0, 14)

@@ -94,9 +94,9 @@ DRAFTERS.register("staged", "specserve.drafters.staged:build",
 
 # A draft-length policy factory: factory(draft_len: "auto" | int) -> spec.policies.DraftLengthPolicy.
 POLICIES = Registry("draft-length policy")
-POLICIES.register("bass", "specserve.spec.policies:BassPolicy.make", "BASS Algorithm 1 (grow while all accepted)")
-POLICIES.register("fixed", "specserve.spec.policies:FixedPolicy.make", "a fixed draft length")
-POLICIES.register("threshold", "specserve.spec.policies:ThresholdPolicy.make",
+POLICIES.register("bass", "specserve.speculative.policies:BassPolicy.make", "BASS Algorithm 1 (grow while all accepted)")
+POLICIES.register("fixed", "specserve.speculative.policies:FixedPolicy.make", "a fixed draft length")
+POLICIES.register("threshold", "specserve.speculative.policies:ThresholdPolicy.make",
                   "draft while the cumulative draft probability stays above an adapted threshold")
 
 # Ragged verification attention (attention/paged.py); "auto" resolves per device.
@@ -105,7 +105,7 @@ ATTENTION.register("auto", None, "split on CPU, pad on CUDA")
 ATTENTION.register("split", None, "per sequence, no padding (the C++ paged kernel on CPU)")
 ATTENTION.register("pad", None, "one padded batch, one SDPA call")
 
-# Draft shapes (spec/decoder.py): what drafters that make token trees (the EAGLE draft) propose.
+# Draft shapes (speculative/decoder.py): what drafters that make token trees (the EAGLE draft) propose.
 SHAPES = Registry("draft shape")
 SHAPES.register("auto", None, "chains or trees, whichever the measured tokens per second favour")
 SHAPES.register("chain", None, "one draft token after another")

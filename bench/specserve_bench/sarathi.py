@@ -7,7 +7,7 @@ arrive at fixed times after the start. The step loop runs in this process, and t
 token is taken when its step returns. Reported: the decoders' inter-token latency (p50, p99, max) and
 time per output token (p50, p99 over requests), and the long prompts' time to first token. Whole-prompt
 prefill runs a long prompt in one pass, and every running decode waits for it; chunked prefill runs the
-chunk measured at start (spec/calibration.py) beside the decodes.
+chunk measured at start (speculative/calibration.py) beside the decodes.
 """
 from __future__ import annotations
 

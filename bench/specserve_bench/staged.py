@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from specserve.cli.engine_args import llm_kwargs
 from specserve.engine.llm import LLM
-from specserve.spec.hierarchy import Level, chain_gain
+from specserve.speculative.hierarchy import Level, chain_gain
 from specserve.types import SamplingParams
 
 from .humaneval import humaneval_problems

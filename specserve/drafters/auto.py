@@ -7,7 +7,7 @@ the draft model's, before it runs, sum_j a^j over the draft length, where a is t
 its drafts have been measured at (a prior of 0.6, then what was verified, decayed). The model runs only
 for the sequences whose best free draft promises less, so steps where every sequence repeats itself
 need no model pass at all. Whether drafting pays at all, and chains or trees, stays the cost model's
-call (spec/decoder.py), from what the steps yield per second.
+call (speculative/decoder.py), from what the steps yield per second.
 
 Which sequences the model drafts for is the drafter's selection rule (`RULES`): "expected" (the above,
 the "auto" method) or "free-first" (the model only where no free draft was found: "lookup+draft" and

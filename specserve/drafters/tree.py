@@ -11,7 +11,7 @@ kept nodes form a subtree of the expansion (ties broken by creation order keep p
 Sizing: a tree of n nodes is verified as n + 1 target rows and, when the confidences are calibrated,
 emits 1 + (sum of the kept nodes' confidences) tokens in expectation (every node on an accepted
 path is accepted). Which nodes are worth their rows is decided for the whole batch by
-spec/selection.select_drafts on the measured step-time curve: on a GPU extra rows are nearly free
+speculative/selection.select_drafts on the measured step-time curve: on a GPU extra rows are nearly free
 and trees stay wide; on a CPU each row costs a real share of a step, which is what bounds the tree.
 """
 from __future__ import annotations

@@ -20,8 +20,8 @@ from ..models import build_model
 from ..sampling.bias import add_logit_bias
 from ..sampling.sampler import make_generator, sample, token_logprobs
 from ..scheduler.scheduler import ScheduledRequest, Scheduler
-from ..spec import Observed, SpeculativeDecoder, StepResult, VerifiedDraft, calibrate, make_policy, measure_prefill_chunk
-from ..spec.verify import Verified, is_seeded, verify
+from ..speculative import Observed, SpeculativeDecoder, StepResult, VerifiedDraft, calibrate, make_policy, measure_prefill_chunk
+from ..speculative.verify import Verified, is_seeded, verify
 from ..types import FinishReason, Request, RequestStatus, SamplingParams, TokenOrigin
 from .guided import GuidedDecoding, prune_drafts
 from .runner import ModelRunner, StepOutput

@@ -2,7 +2,7 @@
 
 Decode-maximal batching (SARATHI): running requests that decode go first (their token, and their
 drafts), then prompt chunks fill what is left of the step's prefill budget (`prefill_chunk`, measured
-on the machine: spec/calibration.py): running prefills first, then waiting requests admitted while the
+on the machine: speculative/calibration.py): running prefills first, then waiting requests admitted while the
 budget, the sequence limit and free KV blocks allow. So a long prompt arriving never stalls the
 running decodes for more than one chunk's pass, and a prompt longer than the budget is prefilled in
 chunks. A request with draft tokens (`schedule(drafts)`: the controller's DraftBatch) brings them too

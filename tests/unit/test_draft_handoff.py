@@ -21,7 +21,7 @@ from specserve.types import Draft, TokenOrigin
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "specserve"
 # the only writers of a draft: the scheduler (ScheduledRequest) and the controller (propose, learn)
-OWNERS = {"scheduler/scheduler.py", "spec/decoder.py"}
+OWNERS = {"scheduler/scheduler.py", "speculative/decoder.py"}
 
 
 class Recorder(Drafter):
@@ -192,7 +192,7 @@ def test_only_the_scheduler_and_the_controller_write_a_requests_draft():
         tree = ast.parse(path.read_text(), filename=str(path))
         if (lines := _draft_writes(tree)) and rel not in OWNERS:
             writers[rel] = lines
-        if (lines := _stat_writes(tree)) and rel != "spec/decoder.py":
+        if (lines := _stat_writes(tree)) and rel != "speculative/decoder.py":
             stat_writers[rel] = lines
     assert writers == {}, f"modules writing a request's draft: {writers}"
     # the per-request statistics are recorded in one place (the controller's learn)

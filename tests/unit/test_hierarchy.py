@@ -1,10 +1,10 @@
-"""The expected-gain formula of speculative decoding with chains of drafters (spec/hierarchy.py),
+"""The expected-gain formula of speculative decoding with chains of drafters (speculative/hierarchy.py),
 checked against brute-force simulation of verify rounds."""
 import random
 
 import pytest
 
-from specserve.spec.hierarchy import Level, chain_gain, expected_tokens, gain
+from specserve.speculative.hierarchy import Level, chain_gain, expected_tokens, gain
 
 
 def _simulate(alpha, c, k, v=1.0, rounds=200_000, seed=0):

@@ -103,7 +103,7 @@ def test_greedy_prefix_and_next_token():
 def test_verify_mixes_deterministic_and_sampled_drafts_in_one_batch():
     """lookup+draft: one sequence's draft came from prompt lookup (q = one-hot, no probs), another's
     from the draft model (q = probs). Each is judged by its own q in one batched verification."""
-    from specserve.spec import verify
+    from specserve.speculative import verify
     from specserve.types import Draft, SamplingParams
 
     V = 6

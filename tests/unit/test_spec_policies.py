@@ -3,15 +3,15 @@ import pytest
 import torch
 
 from specserve.drafters.prompt_lookup import PromptLookupDrafter
-from specserve.spec import CostModel
-from specserve.spec.policies import BassPolicy, FixedPolicy, ThresholdPolicy, make_policy
+from specserve.speculative import CostModel
+from specserve.speculative.policies import BassPolicy, FixedPolicy, ThresholdPolicy, make_policy
 from specserve.types import Request, SamplingParams
 
 
 def verify_and_learn(spec, reqs, drafts, logits, generators=None):
     """The engine's verify-then-learn for requests drafted `drafts`, on their logits spans."""
-    from specserve.spec import StepResult, VerifiedDraft, verify
-    from specserve.spec.verify import is_seeded
+    from specserve.speculative import StepResult, VerifiedDraft, verify
+    from specserve.speculative.verify import is_seeded
     results = verify(drafts, logits, [r.params for r in reqs], generators or [None] * len(reqs),
                      [is_seeded(r.params, r.seed) for r in reqs], spec.tree.top_k, spec.wants_span_argmax)
     spec.learn(StepResult([VerifiedDraft(r, d, v) for r, d, v in zip(reqs, drafts, results)], []))
@@ -124,7 +124,7 @@ def test_break_even_confidence_from_measured_costs():
 def test_selection_keeps_the_prefix_that_pays_on_the_measured_curve():
     import torch
 
-    from specserve.spec import select_drafts
+    from specserve.speculative import select_drafts
     from specserve.types import Draft
     q = torch.eye(4)[:3]
     d = Draft([5, 6, 7], q, [0.9, 0.8, 0.9])  # cumulative 0.9, 0.72, 0.648
@@ -155,7 +155,7 @@ def test_rows_beside_a_prompt_chunk_are_priced_at_plain_decodings_token_rate():
     """A step that also carries a prompt chunk starts its curve higher (here 20 ms for 4 decodes and the
     chunk, 10 ms for the decodes alone); a row's 3 ms is worth 1.2 plain tokens at the decodes' rate,
     not 0.6 at the slower rate of the step with the chunk, so a 0.8 draft is cut."""
-    from specserve.spec import select_drafts
+    from specserve.speculative import select_drafts
     from specserve.types import Draft
     d = Draft([1], None, [0.8])
     curve = [20e-3, 23e-3]
@@ -164,7 +164,7 @@ def test_rows_beside_a_prompt_chunk_are_priced_at_plain_decodings_token_rate():
 
 
 def test_selection_is_a_budget_for_the_whole_batch():
-    from specserve.spec import select_drafts
+    from specserve.speculative import select_drafts
     from specserve.types import Draft
     a = Draft([1, 2], None, [0.95, 0.95])
     b = Draft([3], None, [0.5])
@@ -209,7 +209,7 @@ def test_auto_shape_measures_each_shape_then_takes_the_faster_and_rechecks_the_o
     """Acceptance stays flat while the better shape flips: "auto" goes by what drafting steps of each
     shape yielded per second at this batch size, re-measuring the other shape every explore_every steps."""
     from specserve.drafters.base import Drafter
-    from specserve.spec import SpeculativeDecoder
+    from specserve.speculative import SpeculativeDecoder
 
     class Trees(Drafter):
         makes_trees = True
@@ -270,7 +270,7 @@ def test_seeded_requests_with_the_same_length_draft_in_one_pass():
     """Seeded sampled requests keep their own policies, but those with the same draft length share one
     drafter call per step (one per request was a draft pass per request per token: slow on a GPU)."""
     from specserve.drafters.base import Draft, Drafter, Proposal
-    from specserve.spec import SpeculativeDecoder
+    from specserve.speculative import SpeculativeDecoder
     from specserve.types import Request, RequestStatus, SamplingParams
 
     class Recorder(Drafter):
@@ -301,7 +301,7 @@ def test_lookups_are_not_timed_as_draft_model_steps():
     import time
 
     from specserve.drafters.base import Draft, Drafter, Proposal
-    from specserve.spec import SpeculativeDecoder
+    from specserve.speculative import SpeculativeDecoder
     from specserve.types import Request, RequestStatus, SamplingParams
 
     class Mixed(Drafter):
@@ -346,7 +346,7 @@ def test_the_live_choice_follows_the_batch_size():
 
 
 def test_selection_cuts_a_tree_by_cumulative_confidence_and_keeps_parents():
-    from specserve.spec import select_drafts
+    from specserve.speculative import select_drafts
     from specserve.types import Draft
     # root -> 0 (0.8) -> 2 (0.9: 0.72) -> 4 (0.5: 0.36); root -> 1 (0.15); 0 -> 3 (0.05: 0.04)
     t = Draft([10, 11, 12, 13, 14], None, [0.8, 0.15, 0.9, 0.05, 0.5], [-1, -1, 0, 0, 2])
@@ -389,7 +389,7 @@ def test_while_drafting_pays_one_plain_step_in_plain_every_re_measures_plain_ste
     goes stale: while drafting pays, every plain_every-th step is a bare plain step (no drafts, not even
     free ones, whose rows would spoil its timing); when drafting does not pay, plain steps come anyway."""
     from specserve.drafters.base import Draft, Drafter, Proposal
-    from specserve.spec import SpeculativeDecoder
+    from specserve.speculative import SpeculativeDecoder
     from specserve.types import Request, RequestStatus, SamplingParams
 
     class Always(Drafter):
@@ -420,7 +420,7 @@ def test_a_seeded_request_keeps_probing_after_rejections_and_its_prior_softens_o
     (0 of 7) used to make alpha 0 and leave the sequence plain to its end; with a weak prior it still
     drafts, and after many rejections it probes again, less often each time."""
     from specserve.drafters.base import Draft, Drafter, Proposal
-    from specserve.spec import SpeculativeDecoder
+    from specserve.speculative import SpeculativeDecoder
     from specserve.types import Request, RequestStatus, SamplingParams
 
     class Always(Drafter):
@@ -461,7 +461,7 @@ def test_a_seeded_request_drafts_only_as_far_as_a_token_pays_for_its_verify_row(
     the same gate, priced on the start-up calibration at its own samples' batch (so its draws stay its
     own): dearer rows at 8 samples than at 1, a higher floor."""
     from specserve.drafters.base import Draft, Drafter, Proposal
-    from specserve.spec import SpeculativeDecoder
+    from specserve.speculative import SpeculativeDecoder
     from specserve.types import Request, RequestStatus, SamplingParams
 
     class Recorder(Drafter):
@@ -492,7 +492,7 @@ def test_a_drafting_step_drafts_only_for_the_sequences_expected_to_pay():
     below the break-even confidence decode plainly (no draft pass, no catch-up, no verify rows), and
     are probed again after 4 plain steps, then 8; the others draft every step."""
     from specserve.drafters.base import Draft, Drafter, Proposal
-    from specserve.spec import SpeculativeDecoder
+    from specserve.speculative import SpeculativeDecoder
 
     class Always(Drafter):
         def propose(self, requests, max_len, min_confidence=None, tree=None):
@@ -537,7 +537,7 @@ def test_a_plain_sequence_is_probed_less_often_where_its_share_of_a_step_is_smal
     probes grows until that is 2% of its plain decoding: retry_max (16) at batch 1, where a sequence
     has the whole step, 72 steps at batch 16 on this curve."""
     from specserve.drafters.base import Drafter
-    from specserve.spec import SpeculativeDecoder
+    from specserve.speculative import SpeculativeDecoder
 
     spec = SpeculativeDecoder(Drafter(), lambda: make_policy("fixed", 2))
     assert spec.choice.probe_wait(16) == spec.retry_max == 16  # nothing measured yet
@@ -553,7 +553,7 @@ def test_no_drafts_lookups_or_probes_where_not_even_a_certain_token_pays_for_its
     2-core CPU at batch 16), the step is a bare plain step: the drafter is not asked for drafts or
     free drafts, since the selection would cut them all. Where rows are cheap it drafts."""
     from specserve.drafters.base import Draft, Drafter, Proposal
-    from specserve.spec import SpeculativeDecoder
+    from specserve.speculative import SpeculativeDecoder
 
     class Counting(Drafter):
         calls = 0
@@ -586,8 +586,8 @@ def test_plain_sequences_are_not_probed_where_the_gate_is_above_what_drafts_reac
     the gate is not probed, and the batch's probe drafts for nobody: a probe first catches the draft
     up on all the sequence's tokens, and the shipped draft's first tokens are not that good."""
     from specserve.drafters.base import Drafter
-    from specserve.spec import SpeculativeDecoder
-    from specserve.spec.choice import PROBE_MAX_GATE
+    from specserve.speculative import SpeculativeDecoder
+    from specserve.speculative.choice import PROBE_MAX_GATE
     from specserve.types import Request, SamplingParams
 
     spec = SpeculativeDecoder(Drafter(), lambda: make_policy("fixed", 2))
@@ -609,7 +609,7 @@ def test_the_selection_prices_rows_at_the_whole_steps_batch_when_few_sequences_d
     they are priced on the batch-8 curve (a row ~ a plain token here: 0.8-confidence tokens are cut),
     not on batch 1's (a row a tenth of a token: they would all be verified)."""
     from specserve.drafters.base import Draft, Drafter, Proposal
-    from specserve.spec import SpeculativeDecoder, select_drafts
+    from specserve.speculative import SpeculativeDecoder, select_drafts
 
     class Likely(Drafter):
         asked: list = []
@@ -642,7 +642,7 @@ def test_drafts_are_priced_on_top_of_the_prompt_chunk_the_step_carries():
     where the step also carries 15 prompt tokens and its rows would cross a cliff of the curve (as
     the block kernel's 32-row limit)."""
     from specserve.drafters.base import Draft, Drafter, Proposal
-    from specserve.spec import SpeculativeDecoder
+    from specserve.speculative import SpeculativeDecoder
 
     class Likely(Drafter):
         def propose(self, requests, max_len, min_confidence=None, tree=None):

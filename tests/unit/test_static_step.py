@@ -126,8 +126,8 @@ def test_prompt_chunks_run_the_fused_kernels_without_a_graph():
 def test_time_pass_times_a_verify_span_on_the_path_serving_takes():
     """The cost model's calibration through the graph runner (spec.calibration.calibrate's time_fn)."""
     from specserve.kv.block_manager import BlockManager
-    from specserve.spec.calibration import calibrate
-    from specserve.spec.cost_model import CostModel
+    from specserve.speculative.calibration import calibrate
+    from specserve.speculative.cost_model import CostModel
     model = _model()
     kv = KVCache(2, 12, 4, 2, 16, torch.float32, CPU)
     runner = GraphModelRunner(model, kv, CPU, "pad", max_seqs=4, max_model_len=64, max_graph_tokens=8,

@@ -1,5 +1,5 @@
 """Speculative decoding inside the step loop, the controller's side: draft before scheduling, learn after
-the step. Verification itself is a pure function (spec/verify.py) the engine calls in between.
+the step. Verification itself is a pure function (speculative/verify.py) the engine calls in between.
 
 Each step, for the requests that are decoding:
   1. the draft-length policy says how far to draft; the cost model (what drafting steps of this batch
@@ -362,7 +362,7 @@ class SpeculativeDecoder:
         self.drafter.release(request)
 
     def hierarchy(self) -> dict:
-        """alpha, c and k per drafter pair and the gains they predict (spec/hierarchy.measured_chain);
+        """alpha, c and k per drafter pair and the gains they predict (speculative/hierarchy.measured_chain);
         {} before anything was verified."""
         if not self.stats.spec_steps:
             return {}

@@ -1,7 +1,7 @@
 """Verification: each draft's verify span of logits rows -> the accepted drafts plus one token from the
 target. A pure function of the drafts, their logits, the requests' params and generators (the
 generators' draws are its only effect): what the step learns from the result is the controller's
-`learn`, after the step (spec/decoder.py).
+`learn`, after the step (speculative/decoder.py).
 
   - seeded sampled requests draw the target's own tokens and follow their draft while it matches
     (sampling/seeded.py): their output is regular decoding's for the seed, whatever was drafted;

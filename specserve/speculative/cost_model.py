@@ -1,5 +1,5 @@
 """The cost model speculation decides with: seconds per step by target rows (calibrated at start-up by
-spec/calibration.py, then measured while serving), seconds per draft step, acceptance, and what drafting
+speculative/calibration.py, then measured while serving), seconds per draft step, acceptance, and what drafting
 steps yielded against plain steps. Predicts tokens per second of a step with a given draft length.
 A pure table of numbers: it records what it is told and never runs a model."""
 from __future__ import annotations
