@@ -5,6 +5,7 @@ whether a draft beside its target beat another replica of the target, step by st
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import time
@@ -13,15 +14,23 @@ from ..planner.llm import LLMSLO, DraftSpec, PassProfile, llm_workload, load_llm
 from ..planner.llm_search import SCENARIOS, plan_llm
 
 DEFAULT_PROFILE = "bench/results/plan/llm-profile-cpu.json"
-DEFAULT_SPEC_BENCH = "bench/results/spec-cpu-20261123-171653.json"
+SPEC_BENCH_GLOB = "bench/results/spec-cpu-*.json"  # `specserve bench spec` results, dated in their names
+
+
+def newest_spec_bench(pattern: str = SPEC_BENCH_GLOB) -> str:
+    """The newest `specserve bench spec` result (the names sort by date), for --spec-bench's default."""
+    found = sorted(glob.glob(pattern))
+    if not found:
+        raise FileNotFoundError(f"no `specserve bench spec` result matches {pattern}: run it, or pass --spec-bench")
+    return found[-1]
 
 
 def add_llm_args(p) -> None:
     p.add_argument("--llm", action="store_true", help="LLM mode: generations, TTFT/TPOT SLOs, KV memory, "
                                                       "speculation-aware placement (worked examples)")
     p.add_argument("--llm-profile", default=DEFAULT_PROFILE, help="from `specserve profile --llm`")
-    p.add_argument("--spec-bench", default=DEFAULT_SPEC_BENCH,
-                   help="a `specserve bench spec` result: the draft's alpha and c")
+    p.add_argument("--spec-bench", default=None,
+                   help=f"a `specserve bench spec` result: the draft's alpha and c (default: the newest {SPEC_BENCH_GLOB})")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
     p.add_argument("--llm-trace", default=None,
                    help="the Azure LLM inference trace's CSV (TIMESTAMP, ContextTokens, GeneratedTokens) in place "
@@ -44,6 +53,7 @@ def cmd_plan_llm(args) -> int:
     if "draft" not in base.meta:
         raise ValueError(f"{args.llm_profile}: the profile names no draft (profile the embedded model)")
     dmeta = base.meta["draft"]
+    args.spec_bench = args.spec_bench or newest_spec_bench()
     draft = DraftSpec.from_spec_bench(args.spec_bench, dmeta["weights_gb"], dmeta["kv_gb_per_token"])
     print(f"target: {base.weights_gb * 1e3:.0f} MB weights, {base.kv_gb_per_token * 1e6:.1f} KB KV per token, "
           f"one step at batch 1 {base.pass_s(1) * 1e3:.1f} ms; draft: {draft.weights_gb * 1e3:.1f} MB, "

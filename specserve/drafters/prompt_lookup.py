@@ -10,12 +10,10 @@ from .base import Drafter, DrafterContext, Proposal
 
 # How often a looked-up token is accepted, by the length of the n-gram that matched: (the first token,
 # each later one given the ones before it were). A copy has no probability of its own, so these rates
-# are its confidence, which the engine weighs against what a verify row costs. Measured on HumanEval
-# 0-39 with the embedded model, greedy, lookup alone, fixed k = 6 (2,939 first tokens): a 1-gram match
-# is right a quarter of the time, a 4-gram one 94%. They are the prior only: on chat, summaries or
-# translations copies are right far less often (bench/results/spec-cpu-20261124-072437.md: lookup
-# alone lost up to 13% beyond code at batch 4-16 with these constants), so the drafter keeps counting
-# what its copies got accepted, over all requests (decayed) and per request, and drafts with that.
+# are its confidence, which the engine weighs against what a verify row costs (measured on HumanEval:
+# docs/decisions.md#lookup-confidence). They are the prior only: beyond code copies are right far less
+# often, so the drafter keeps counting what its copies got accepted, over all requests (decayed) and
+# per request, and drafts with that.
 LOOKUP_CONFIDENCE = {1: (0.25, 0.65), 2: (0.45, 0.72), 3: (0.73, 0.85), 4: (0.94, 0.94)}
 PRIOR_WEIGHT = 20.0  # the constants count as this many observations in the global estimate
 REQUEST_WEIGHT = 8.0  # the global estimate counts as this many in a request's own
@@ -107,8 +105,7 @@ class NgramIndex:
     """One sequence's n-grams (min_ngram..max_ngram tokens) -> where each last started, among those
     followed by a token: `lookup_scan`'s answer without scanning. A sequence only grows (drafts never
     enter its tokens), so each lookup indexes just the tokens added since the last: the backward scan
-    took 20-90 us per sequence and step (87 us without a match in 400 tokens; the index: 4 us), a few
-    percent of a plain step at batch 16."""
+    cost a few percent of a plain step at batch 16 (docs/decisions.md#lookup-confidence)."""
 
     def __init__(self, min_ngram: int, max_ngram: int):
         self.min_ngram, self.max_ngram = min_ngram, max_ngram

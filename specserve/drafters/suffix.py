@@ -13,9 +13,8 @@ The confidence of a node (what the engine weighs against the row it costs) is it
 occurrences, shrunk towards 1/2 for few occurrences: (count + 1) / (total + 2), times what verification
 has measured of such shares: the first tokens of verified suffix drafts accepted over the shares they
 were drafted with (decayed, a prior of 1 worth 10 drafts). On code an earlier occurrence is usually
-followed again; in chat it was 1 time in 3 where the shares promised 2 in 3 (a single earlier
-occurrence), and those drafts' rows made the automatic choice 6-14% slower than regular decoding at
-batch 4-16 beyond code (bench/results/auto-ab-20261125-015345.md)."""
+followed again; in chat far less often than the shares promise, so the raw shares overpriced chat's
+drafts (docs/decisions.md#suffix-confidence)."""
 from __future__ import annotations
 
 from collections import deque

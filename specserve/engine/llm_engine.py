@@ -78,8 +78,8 @@ class LLMEngine:
         attention = (spec_config or SpeculativeConfig()).resolved_attention(mc.device)
         # PAD/SPLIT is how verify spans are batched; a step without drafts runs as regular decoding does:
         # a forced "pad" on CPU also took the plain steps it falls back to off the C++ kernel and the
-        # fused layer, so falling back could not get back to regular decoding's speed (0.89x at batch 1
-        # before; 0.97x after, bench/results/spec-cpu-20261124-072437.md)
+        # fused layer, so falling back could not get back to regular decoding's speed
+        # (docs/decisions.md#plain-attention)
         plain = SpeculativeConfig().resolved_attention(mc.device)
         self.runner = ModelRunner(self.model, self.kv, self.device, attention=attention, plain_attention=plain)
         if self.device.type == "cuda" and mc.cuda_graphs:

@@ -1,10 +1,10 @@
 """The per-sequence choice: which of a step's decoding sequences draft, and when one left plain is
 measured again.
 
-A drafting step for every sequence of a batch first catches the draft up on all of their tokens (a
-drafting step for all of a batch of 16 spent ~13 ms of a ~23 ms step on the 2-core CPU), so drafting
-only where a sequence's own recent acceptance says it pays is what keeps a batch of unpredictable
-sequences near regular decoding's speed (bench/results/auto-ab-*.md). The sequences left plain are
+A drafting step for every sequence of a batch first catches the draft up on all of their tokens (over
+half of a batch-16 step on the 2-core CPU), so drafting only where a sequence's own recent acceptance
+says it pays is what keeps a batch of unpredictable sequences near regular decoding's speed
+(docs/decisions.md#per-sequence-choice). The sequences left plain are
 probed (drafted for once) after 4, then 8, 16 ... plain steps of their own.
 
 Seeded sampled requests choose from their own acceptance and the start-up calibration only (`own_len`),
@@ -22,8 +22,8 @@ from typing import Optional
 from ..types import Request
 from .cost_model import CostModel
 
-# The acceptance rate of a predictable stretch (code, repeated text) with the shipped EAGLE draft: its
-# first-position acceptance on HumanEval was 0.64-0.84 (bench/results/spec-cpu-20261124-080855.md).
+# The acceptance rate of a predictable stretch (code, repeated text) with the shipped EAGLE draft
+# (docs/decisions.md#per-sequence-choice).
 # A seeded request drafts only where the calibration says drafting pays at this rate.
 OPTIMISTIC_ALPHA = 0.8
 # A shared sequence's own acceptance forgets at this rate per verify step: text turns predictable and
@@ -33,9 +33,9 @@ RECENT_DECAY = 0.8
 # longest wait between them.
 PROBE_BUDGET, MAX_PROBE_WAIT = 0.02, 256
 # Above this break-even confidence plain sequences are not probed: the draft's first tokens are
-# accepted 0.64-0.84 of the time on code (bench/results/spec-cpu-20261124-080855.md) and less on prose,
-# so a probe there (which first catches the draft up on every token the sequence decoded plainly: ~7 ms
-# at batch 16 on the 2-core CPU, a third of a step) cannot find a draft that pays.
+# accepted less often than that even on code, so a probe there (which first catches the draft up on
+# every token the sequence decoded plainly) cannot find a draft that pays
+# (docs/decisions.md#per-sequence-choice).
 PROBE_MAX_GATE = 0.9
 
 
@@ -88,9 +88,8 @@ class SequenceChoice:
     def probe_wait(self, batch: int) -> int:
         """The longest wait between a plain sequence's probes: long enough that a probe that finds
         nothing (a draft pass and a verify row for one sequence) costs at most PROBE_BUDGET of that
-        sequence's plain decoding, and never below retry_max. ~17 steps at batch 1 and ~60 at batch 16
-        on the 2-core CPU, where one sequence's share of a batch-16 step is small: probing every 16 of
-        its steps had a batch of 16 unpredictable sequences drafting in 9% of its steps, 4% slower."""
+        sequence's plain decoding, and never below retry_max: one sequence's share of a large batch's
+        step is small, so its probes come rarer there (docs/decisions.md#per-sequence-choice)."""
         t_plain, t_more = self.costs.step_seconds(batch, batch), self.costs.step_seconds(batch + 1, batch)
         t_draft = self.costs.draft_step_seconds(1)
         if t_plain is None or t_more is None or t_draft is None:

@@ -10,8 +10,7 @@ from typing import Optional
 DRAFT_COST_GUESS = 0.1  # draft step / target step, for decisions that must not depend on live timings
 # Drafting must yield this much more than plain steps. Break-even drafting is not neutral: it speeds the
 # sequences whose drafts are accepted and slows the rest with longer steps, so the sequences that finish
-# first (most of the mean per-token latency) lose: batch 8 on the 2-core CPU, where drafting breaks even
-# on throughput (bench/results/spec-cpu-20261123-153840.md against the runs before it).
+# first (most of the mean per-token latency) lose (docs/decisions.md#cost-model).
 DRAFTING_MARGIN = 1.05
 
 
@@ -148,8 +147,8 @@ class CostModel:
         if not rates or t_plain is None:
             return None
         # Both sides as measured at this batch size: a verify step costs more than the cost curve says
-        # for its rows (verification, attention over several query rows per sequence, bookkeeping), and
-        # at batch 4 the curve's estimate had drafting win where it lost 7%.
+        # for its rows (verification, attention over several query rows per sequence, bookkeeping): the
+        # curve's estimate had drafting win where it lost (docs/decisions.md#cost-model).
         return max(rates) > margin * batch / t_plain
 
     @staticmethod
@@ -195,8 +194,8 @@ class CostModel:
 
     def break_even_confidence(self, batch: int, calibrated_only: bool = False) -> Optional[float]:
         """The acceptance probability at which one more draft token per sequence pays for itself: its
-        share of a verify row plus a draft step, over the time per token of plain decoding
-        (about 0.4 at batch 1 and 0.7 at batch 8 on the 2-core CPU of bench/results/spec-cpu-20261123-171653.md).
+        share of a verify row plus a draft step, over the time per token of plain decoding (it grows
+        with the batch: docs/decisions.md#cost-model).
         calibrated_only: from the start-up calibration alone, as tokens_per_second's."""
         if calibrated_only:
             t_plain, t_more = self._interp(self.calibrated, batch), self._interp(self.calibrated, 2 * batch)

@@ -110,9 +110,8 @@ class SpeculativeDecoder:
         self._probed = False
         self._since_spec = 0
         # While drafting pays, one plain step in `plain_every` re-measures plain steps: the machine's
-        # speed drifts by tens of percent within seconds on a shared VM, and a plain-step time measured
-        # before a long run of drafting steps made them look better than they were (forced PAD at batch
-        # 4 drafted 40 steps in a row at 0.95x the tokens/s of the plain steps around them).
+        # speed drifts within seconds on a shared VM, and a plain-step time measured before a long run
+        # of drafting steps made them look better than they were (docs/decisions.md#cost-model).
         self.plain_every, self._since_plain = plain_every, 0
         self._step: Optional[DraftingStep] = None  # this step's shared drafting, until record_step
 
@@ -263,14 +262,13 @@ class SpeculativeDecoder:
 
     def _select(self, drafts: list[Draft], batch: Optional[int] = None, prompt_rows: int = 0) -> list[Draft]:
         """Cut the drafts along the step-time curve of the step's whole batch (default: the drafts'
-        sequences). Pricing a step's few drafting sequences as a batch of their own put rows at batch
-        1's price (0.7 ms, a sixth of a plain token) into steps of 8 (1.3-1.7 ms, about a plain token
-        each there)."""
+        sequences): priced as a batch of their own, a step's few drafting sequences put rows at batch
+        1's price into steps of 8, where a row costs several times more (docs/decisions.md#cost-model)."""
         if not any(d.tokens for d in drafts):
             return drafts
         batch = batch or len(drafts)
-        # the step's rows before drafts: its decodes and the prompt chunk riding with them (10 draft
-        # rows rode beside 16 prompt tokens and 6 decodes, 35 ms for a 22 ms step, before this)
+        # the step's rows before drafts: its decodes and the prompt chunk riding with them (drafts
+        # priced without the chunk made mixed steps far longer than planned)
         base = batch + prompt_rows
         curve = self.costs.step_curve(base, base + sum(len(d.tokens) for d in drafts), batch)
         if curve is None or any(t is None for t in curve):

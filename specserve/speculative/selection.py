@@ -7,9 +7,7 @@ from ..types import Draft
 
 # A row must beat the plain tokens its time would give by this factor. The bare-pass curve leaves out
 # what a verify step adds per sequence (verification, roll-back, span attention), and the free drafts'
-# calibrated confidences ran ahead of what got accepted: 182 tokens expected, 163 accepted over the
-# verify steps of a batch-8 run beyond code, where the automatic choice was 4-7% behind regular
-# decoding (bench/results/auto-ab-20261125-033701.md).
+# calibrated confidences ran ahead of what got accepted (docs/decisions.md#cost-model).
 SELECT_MARGIN = 1.1
 
 

@@ -117,3 +117,12 @@ def test_azure_llm_trace_rows_become_generations(tmp_path):
     # generated lengths sit around the Splitwise medians of the Azure conversation trace
     gens = llm_workload(["a", "b"], 50.0, 1.0, 100.0, 0)
     assert 900 < np.median([g.prompt_tokens for g in gens]) < 1150 and 110 < np.median([g.output_tokens for g in gens]) < 150
+
+
+def test_the_spec_bench_default_is_the_newest_result_not_a_dated_file(tmp_path):
+    from specserve.cli.plan_llm import newest_spec_bench
+    for name in ("spec-cpu-20261123-171653.json", "spec-cpu-20261124-080855.json", "spec-cpu-20261124-072437.json"):
+        (tmp_path / name).write_text("{}")
+    assert newest_spec_bench(str(tmp_path / "spec-cpu-*.json")).endswith("spec-cpu-20261124-080855.json")
+    with pytest.raises(FileNotFoundError, match="--spec-bench"):
+        newest_spec_bench(str(tmp_path / "none-*.json"))
