@@ -13,11 +13,11 @@ import pathlib
 import pytest
 
 from specserve import LLM, SamplingParams
-from specserve.bench.humaneval import humaneval_prompts
 from specserve.drafters.base import Drafter, Proposal
 from specserve.drafters.prompt_lookup import PromptLookupDrafter
 from specserve.registry import DRAFTERS
 from specserve.types import Draft, TokenOrigin
+from specserve_bench.humaneval import humaneval_prompts
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "specserve"
 # the only writers of a draft: the scheduler (ScheduledRequest) and the controller (propose, learn)
