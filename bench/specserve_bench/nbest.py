@@ -22,7 +22,7 @@ from specserve.types import SamplingParams
 from .humaneval import humaneval_problems
 from .machine import cpu
 from .output import write_results
-from .speculative import _chat_prompt, extract_code, passes
+from .spec import _chat_prompt, extract_code, passes
 
 SEED = 1234
 

@@ -54,7 +54,7 @@ def test_the_serving_package_does_not_import_the_benchmarks():
                                    "ngram", "guided", "cuda", "weights"])
 def test_the_layers_below_the_engine_do_not_import_it_or_what_sits_above(layer):
     above = ("specserve.engine", "specserve.server", "specserve.cli", "specserve.planner", "specserve.training",
-             "specserve.speculative", "specserve.speculative", "specserve.drafters")
+             "specserve.speculative", "specserve.drafters")
     assert _offenders(PKG / layer, above) == []
 
 
