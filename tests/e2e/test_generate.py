@@ -83,8 +83,8 @@ def test_chunked_prefill_and_preemption_change_nothing(embedded_llm):
     preempted = []
     step = tight.engine.scheduler.schedule
 
-    def spy():
-        out = step()
+    def spy(*args, **kwargs):  # schedule(drafts)
+        out = step(*args, **kwargs)
         preempted.extend(out.preempted)
         return out
 
