@@ -427,7 +427,7 @@ def _annotate(obj, names: tuple, log: Optional[dict] = None, dev=None) -> None:
         fn = getattr(obj, name, None)
         if fn is None or getattr(fn, "_annotated", False):
             continue
-        label = f"{type(obj).__name__}.{name}"
+        label = f"{getattr(obj, '__name__', type(obj).__name__)}.{name}"
 
         def wrapped(*a, _fn=fn, _label=label, **k):
             if log is not None:
@@ -439,7 +439,7 @@ def _annotate(obj, names: tuple, log: Optional[dict] = None, dev=None) -> None:
                 sync(dev)
                 log.setdefault(_label, []).append(time.perf_counter() - t0)
             return out
-        wrapped._annotated = True
+        wrapped._annotated, wrapped._wrapped = True, fn
         setattr(obj, name, wrapped)
 
 
@@ -451,7 +451,9 @@ def _phases(llm, log=None, dev=None) -> None:
     _annotate(eng.runner.inputs if hasattr(eng.runner, "inputs") else eng.runner, ("fill",), log, dev)
     spec = eng.speculator
     if spec is not None:
-        _annotate(spec, ("propose", "verify", "record_step"), log, dev)
+        _annotate(spec, ("propose", "learn", "record_step"), log, dev)
+        import specserve.engine.llm_engine as engine_module  # verify: a function the engine calls
+        _annotate(engine_module, ("verify",), log, dev)
         d = spec.drafter
         _annotate(d, ("propose", "_catch_up", "observe"), log, dev)
         inner = getattr(d, "drafter", None) or getattr(d, "model_drafter", None)
@@ -565,6 +567,9 @@ def _objects(llm):
 
 
 def _unwrap(llm) -> None:
+    import specserve.engine.llm_engine as engine_module
+    if getattr(engine_module.verify, "_annotated", False):
+        engine_module.verify = engine_module.verify._wrapped
     for o in _objects(llm):
         for k in [k for k, v in vars(o).items() if getattr(v, "_annotated", False)]:
             delattr(o, k)
