@@ -102,6 +102,15 @@ class CostModel:
         old = self.draft.get(batch)
         self.draft[batch] = seconds_per_step if old is None else (1 - self.ema) * old + self.ema * seconds_per_step
 
+    def cap_draft(self, batch: int, seconds_per_step: float) -> None:
+        """An upper bound of a steady draft step at this batch size: a probe's passes with the catch-up
+        they began with. An estimate above it came from a stalled step; left there it priced every
+        later drafting step too high and kept drafting off for good (probes are never steady steps),
+        so it comes down to the bound."""
+        old = self.draft.get(batch)
+        if old is not None and seconds_per_step < old:
+            self.draft[batch] = seconds_per_step
+
     def record_acceptance(self, accepted: int, rejections: int, decay: float = 0.9) -> None:
         self.alpha_num = decay * self.alpha_num + accepted
         self.alpha_den = decay * self.alpha_den + accepted + rejections

@@ -248,6 +248,8 @@ class SpeculativeDecoder:
         steady = proposal.catchup_rows <= model_batch * (k + 1)
         if passes and steady:
             self.costs.record_draft(model_batch, seconds / passes)
+        elif passes:  # its catch-up included: what a steady step costs at most
+            self.costs.cap_draft(model_batch, seconds / passes)
         if proposal.longest:
             self.stats.draft_seconds += seconds
             if self._step is not None:

@@ -659,3 +659,39 @@ def test_drafts_are_priced_on_top_of_the_prompt_chunk_the_step_carries():
         drafts.append(spec.propose([r], prompt_rows).get(r.request_id))
     assert drafts[0] is not None and drafts[0].tokens == [1, 1]
     assert drafts[1] is None
+
+
+def test_a_stalled_draft_timing_comes_down_at_the_next_probe():
+    """One stalled draft step had set the draft's step time to ~10x its real cost, and since the
+    probes that follow plain steps first catch the draft up (never timed as steady steps), drafting
+    stayed off for the rest of the run. A probe's time per pass, catch-up included, bounds a steady
+    step from above: the estimate comes down to it, and never goes up from it."""
+    import time
+
+    from specserve.drafters.base import Draft, Drafter, Proposal
+    from specserve.speculative import SpeculativeDecoder
+    from specserve.types import Request, RequestStatus, SamplingParams
+
+    class CatchingUp(Drafter):
+        delay = 0.0
+
+        def propose(self, requests, max_len, min_confidence=None, tree=None):  # a catch-up on 40 rows first
+            time.sleep(self.delay)
+            return Proposal([Draft([1, 2], None, [0.9, 0.9]) for _ in requests], model_passes=2,
+                            model_batch=len(requests), catchup_rows=40 * len(requests))
+
+    def decoding(rid):
+        r = Request(rid, [5, 6, 7], SamplingParams(temperature=0, max_tokens=8))
+        r.output_token_ids = [8]
+        r.status, r.num_computed_tokens = RequestStatus.RUNNING, 3
+        return r
+
+    drafter = CatchingUp()
+    spec = SpeculativeDecoder(drafter, lambda: make_policy("fixed", 2), fallback=False)
+    spec.costs.record_draft(1, 5.0)  # the stalled step: 5 s
+    spec.propose([decoding("a")])
+    assert spec.costs.draft_step_seconds(1) < 0.5  # the probe's passes took microseconds
+    spec.costs.record_draft(1, 1e-3)  # a steady step: 1 ms
+    drafter.delay = 0.02  # a probe whose catch-up takes 10 ms a pass: no news about a steady step
+    spec.propose([decoding("b")])
+    assert spec.costs.draft_step_seconds(1) < 2e-3
