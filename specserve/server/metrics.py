@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -81,6 +81,11 @@ class ServerMetrics:
         self.generation_tokens = Counter("specserve:generation_tokens", "Tokens generated.", registry=r)
         self.errors = Counter("specserve:request_errors", "Requests answered with an error, by HTTP status.", ["status"],
                               registry=r)
+        # set to read the server's count at scrape time (Serving): a hung-up stream's slot comes back when
+        # its response has unwound, a moment after the engine dropped the request
+        self.requests_in_flight = Gauge("specserve:http_requests_in_flight",
+                                        "HTTP requests admitted and not yet answered (the --max-concurrent-requests count).",
+                                        registry=r)
         r.register(EngineCollector(llm))
 
 

@@ -30,6 +30,7 @@ class Serving:
     def __init__(self, llm, cfg: ServerConfig, metrics: ServerMetrics, model_name: str):
         self.llm, self.cfg, self.metrics, self.model_name = llm, cfg, metrics, model_name
         self.in_flight = InFlight(cfg.max_concurrent_requests)
+        metrics.requests_in_flight.set_function(lambda: self.in_flight.count)
         # a token's text, for logprobs: the same few thousand tokens come back in every response
         self.token_text = functools.lru_cache(maxsize=65536)(
             lambda tid: llm.tokenizer.decode([tid], skip_special_tokens=False))

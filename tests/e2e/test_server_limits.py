@@ -6,6 +6,7 @@ for a chunked body, malformed HTTP as OpenAI JSON, an OpenAPI schema that docume
 cpu_threads metric."""
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -56,6 +57,17 @@ def idle_blocks(llm, timeout=60.0) -> int:
     return llm.stats.kv_blocks_used
 
 
+def in_flight_after(port, timeout: float) -> float:
+    """/metrics' count of HTTP requests in flight, polled until it is 0 or `timeout` has passed."""
+    deadline = time.time() + timeout
+    while True:
+        _, text, _ = raw(port, "GET", "/metrics")
+        count = float(re.search(rb"^specserve:http_requests_in_flight (\S+)$", text, re.M).group(1))
+        if count == 0 or time.time() > deadline:
+            return count
+        time.sleep(0.05)
+
+
 def test_a_streaming_burst_past_the_limit_gets_429s(llm, port):
     """16 streams at once against a limit of 4: each client holds its stream open until every client
     has its answer, so no slot frees before the burst is over; exactly 4 stream, 12 get 429."""
@@ -84,7 +96,9 @@ def test_a_streaming_burst_past_the_limit_gets_429s(llm, port):
     assert sorted(statuses) == [200] * 4 + [429] * 12, statuses
     assert all(e["type"] == "rate_limit_error" and e["code"] == 429 for e in errors), errors
     assert idle_blocks(llm) == 0, llm.stats
-    # the hung-up streams gave their slots back: a full set of 4 is admitted again
+    # the hung-up streams give their slots back (each as its response unwinds, a moment after the engine
+    # dropped its request): the in-flight gauge comes down to 0, and a full set of 4 is admitted again
+    assert in_flight_after(port, 60.0) == 0
     again = []
     threads = [threading.Thread(target=lambda: again.append(raw(port, "POST", "/v1/completions",
                                                                 {"prompt": "x", "max_tokens": 2})[0])) for _ in range(4)]
