@@ -219,7 +219,11 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta:
         tables, q_starts, q_lens, kv_lens, span_lens, tree_mask = meta.paged_fields()
         return kernels.ext().paged_attention(q.contiguous(), k_cache, v_cache, tables, q_starts, q_lens, kv_lens,
                                              meta.block_size, scale, span_lens, tree_mask, window)
-    if meta.mode == "split" and meta.max_q_len <= PAGED_KERNEL_MAX_Q and meta.num_seqs > 1:
+    if meta.num_seqs > 1 and (meta.mode == "split" and meta.max_q_len <= PAGED_KERNEL_MAX_Q
+                              or q.device.type == "cpu" and meta.max_q_len > PAGED_KERNEL_MAX_Q):
+        # Prompt chunks on CPU too: one SDPA call per sequence, so a prompt's keys and values do not
+        # depend on the prompts beside it (the padded batch's kernel blocks over the longest one). The
+        # int8 mode needs it: a last-bit difference can move an activation's 8-bit rounding.
         return _split_sdpa(q, k_cache, v_cache, meta, scale, window)
     gather, mask, pad_index, unpad_index = meta.sdpa_fields(window)
     B, qmax = meta.num_seqs, meta.max_q_len

@@ -44,7 +44,8 @@ def load_model_drafter(path: str, ctx: DrafterContext) -> "DraftModelDrafter":
     if draft_tok.fingerprint() != ctx.tokenizer.fingerprint() or arch.vocab_size != target.arch.vocab_size:
         raise ValueError(f"{path}: the draft's tokenizer/vocabulary ({arch.vocab_size} tokens) differs from the "
                          f"target's ({target.arch.vocab_size} tokens); a draft must share the target's tokenizer")
-    model = build_model(arch, weights, target.dtype, target.device, use_blocks=True, max_len=target.max_len)
+    model = build_model(arch, weights, target.dtype, target.device, use_blocks=True, max_len=target.max_len,
+                        activations=target.activations)
     return DraftModelDrafter(model, ctx.num_blocks, ctx.block_size, ctx.attention)
 
 

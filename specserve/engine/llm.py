@@ -45,7 +45,7 @@ class LLM:
     """
 
     def __init__(self, model: Optional[str] = None, dtype: str = "auto", device: str = "cpu",
-                 block_kernels: bool = True, num_threads: Optional[int] = None, kv_cache_gib: float = 1.0,
+                 block_kernels: bool = True, activations: str = "fp32", num_threads: Optional[int] = None, kv_cache_gib: float = 1.0,
                  block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: Optional[int] = None, speculative: Union[dict, str, SpeculativeConfig, None] = None,
                  guided_fast_forward: bool = True, enable_prefix_caching: bool = True,
@@ -53,7 +53,7 @@ class LLM:
                  check_tensors: bool = False, check_memory: bool = True):
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, device=device, block_kernels=block_kernels,
-                              num_threads=num_threads, cuda_graphs=cuda_graphs),
+                              activations=activations, num_threads=num_threads, cuda_graphs=cuda_graphs),
             load=LoadConfig(check_tensors=check_tensors, check_memory=check_memory),
             cache=CacheConfig(block_size=block_size, kv_cache_gib=kv_cache_gib, enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

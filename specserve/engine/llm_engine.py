@@ -67,7 +67,7 @@ class LLMEngine:
         num_blocks = cc.num_blocks or max(1, int(cc.kv_cache_gib * 2**30) // per_block)
         validate_loaded(self.model_path, self.arch, weights, config, self.dtype, num_blocks * per_block, self.max_model_len)
         self.model = build_model(self.arch, weights, self.dtype, self.device, use_blocks=mc.block_kernels,
-                                 max_len=self.max_model_len)
+                                 max_len=self.max_model_len, activations=mc.activations)
         del weights
         self.load_time = time.perf_counter() - t0
 
@@ -104,7 +104,8 @@ class LLMEngine:
         blocks = BlockManager(num_blocks, cc.block_size, self.prefix_caching)
         self.prefill_chunk = sc.prefill_chunk  # SARATHI's chunk: "auto" measures this machine's
         if sc.prefill_chunk == "auto":
-            key = (self.model_path, mc.resolved_dtype(), mc.device, mc.block_kernels, torch.get_num_threads())
+            key = (self.model_path, mc.resolved_dtype(), mc.device, mc.block_kernels, mc.activations,
+                   torch.get_num_threads())
             self.prefill_chunk = measure_prefill_chunk(key, self.model, self.kv, blocks, sc.max_num_batched_tokens)
         self.scheduler = Scheduler(blocks, sc.max_num_seqs, sc.max_num_batched_tokens, self.prefill_chunk)
         if spec_config is not None:

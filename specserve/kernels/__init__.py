@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 SOURCES = ("block_matmul.cpp", "block_matmul_avx512.cpp", "block_matmul_amx.cpp", "gguf_matmul.cpp",
-           "gguf_matmul_avx512.cpp", "elementwise.cpp", "attention.cpp", "decoder_layer.cpp")
+           "gguf_matmul_avx512.cpp", "q8_matmul.cpp", "q8_matmul_avx512.cpp", "elementwise.cpp", "attention.cpp", "decoder_layer.cpp")
 _ext = None
 _tried = False
 
@@ -254,6 +254,59 @@ class GgufWeight:
     def nbytes(self) -> int:
         """Bytes one pass reads."""
         return sum(r.numel() for r in self.raws)
+
+
+class Int8Weight:
+    """A [N, K] weight in GGUF blocks for the int8-activation mode (q8_matmul.cpp): each segment (q, k and
+    v of a layer, each in its own type) regrouped once by q8_pack into groups of 16 output columns, the
+    same bytes per block as the file. The file's blocks stay beside it (views of the mmap, untouched):
+    CPUs without AVX-512 VNNI run the plain reference over them."""
+
+    def __init__(self, weights: list):
+        from ..loading.gguf_file import GGML_TYPE_IDS
+        k = weights[0].shape[1]
+        assert all(w.shape[1] == k for w in weights), "stacked weights share their input width"
+        self.shape = (sum(w.shape[0] for w in weights), k)
+        self.type_names = [w.type_name for w in weights]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            self.raws = [torch.from_numpy(w.raw) for w in weights]
+        types = [GGML_TYPE_IDS[t] for t in self.type_names]
+        self.meta = torch.tensor([[t, w.shape[0]] for t, w in zip(types, weights)], dtype=torch.int32)
+        self.packed = [_ext.q8_pack(r, t, k) for r, t in zip(self.raws, types)]
+
+    @staticmethod
+    def supports(type_name: str) -> bool:
+        return type_name in GGUF_TYPES
+
+    def parts(self) -> list[torch.Tensor]:
+        """[packed_0 .. packed_k-1, raw_0 .. raw_k-1, meta] as block_linear and the fused decoder layer take them."""
+        return self.packed + self.raws + [self.meta]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] float32 -> [M, N] float32, x quantised to 8 bits per 32 values; every row summed in
+        one fixed order whatever M."""
+        return _ext.q8_linear(x.contiguous(), self.parts())
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The same product by the plain formula over the file's blocks (the bits matmul must give)."""
+        return _ext.q8_reference(x.contiguous(), self.raws, [int(t) for t in self.meta[:, 0]])
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([_ext.gguf_dequantize_rows(r, int(t), torch.arange(r.shape[0]), self.shape[1])
+                          for r, t in zip(self.raws, self.meta[:, 0])])
+
+    def select_rows(self, ids: torch.Tensor) -> "Int8Weight":
+        """An Int8Weight of some rows only (a reduced-vocabulary head cut from a one-segment head)."""
+        from ..loading.weights import QuantizedWeight
+        assert len(self.raws) == 1, "row selection is for a single head"
+        raw = self.raws[0][ids.to(torch.int64)].numpy()
+        return Int8Weight([QuantizedWeight(self.type_names[0], raw, (len(ids), self.shape[1]))])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes one pass reads (the packed copy: the file's bytes, padded to 16 columns)."""
+        return sum(p.numel() for p in self.packed)
 
 
 # The GGUF block types gguf_matmul.cpp reads in place.

@@ -181,6 +181,8 @@ constexpr int64_t AMX_MIN_ROWS = 9;
 torch::Tensor block_linear(torch::Tensor x, const std::vector<torch::Tensor>& w) {
   // w: [qs, scales, mins] as block_matmul takes them, + [packed, scales, mins] from block_pack_amx;
   // or GGUF's own blocks: [raw_0 .. raw_k-1, types] with types an int64 [k] (gguf_linear's segments)
+  // or int8 activations: [packed..., raw..., meta] with meta an int32 [k, 2] (q8_linear's)
+  if (w.back().scalar_type() == torch::kInt32) return q8_linear(x, w);
   if (w.back().scalar_type() == torch::kInt64) {
     const torch::Tensor types = w.back().contiguous();
     return gguf_linear(x, std::vector<torch::Tensor>(w.begin(), w.end() - 1),

@@ -50,6 +50,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_kernel_amx", &block_kernel_amx, "whether this CPU (and OS) gives AMX tiles");
   m.def("gguf_linear", &gguf_linear, "y = x @ dequant(W)^T for W in GGUF's own blocks, segments of several types");
   m.def("gguf_dequantize_rows", &gguf_dequantize_rows, "rows of a GGUF-blocked table as f32 (an embedding lookup)");
+  m.def("q8_pack", &q8_pack, "regroup a GGUF tensor's blocks for the int8-activation build (16 columns a group)");
+  m.def("q8_linear", &q8_linear, "y = x @ W^T with x quantised to 8 bits per 32 values (Int8Weight parts)");
+  m.def("q8_reference", &q8_reference, "q8_linear's formula, plainly, over the file's own blocks");
+  m.def("q8_kernel_vnni", &q8_kernel_vnni, "whether q8_linear uses its VNNI build; pass a bool to switch",
+        py::arg("enable") = py::none());
   m.def("block_linear", &block_linear, "a blocked weight's product on the build that suits the pass");
   m.def("rms_norm", &rms_norm, "(x += residual); w * x / rms(x)");
   m.def("rope_", &rope_, "rotate-half RoPE in place on the first heads of qkv rows");

@@ -51,6 +51,11 @@ torch::Tensor block_linear(torch::Tensor x, const std::vector<torch::Tensor>& w)
 // GGUF's own blocks, read in place (gguf_matmul.cpp): raws[i] [N_i, bytes per row] u8 of GGML type types[i].
 torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& raws, const std::vector<int64_t>& types);
 torch::Tensor gguf_dequantize_rows(torch::Tensor raw, int64_t type, torch::Tensor ids, int64_t K);
+// Int8 activations (q8_matmul.cpp): weights regrouped by q8_pack, parts as Int8Weight.parts gives them.
+torch::Tensor q8_pack(torch::Tensor raw, int64_t type, int64_t K);
+torch::Tensor q8_linear(torch::Tensor x, const std::vector<torch::Tensor>& w);
+torch::Tensor q8_reference(torch::Tensor x, const std::vector<torch::Tensor>& raws, const std::vector<int64_t>& types);
+bool q8_kernel_vnni(c10::optional<bool> enable);  // whether q8_linear uses its VNNI build (and switch it)
 torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps);
 void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t D);
 torch::Tensor silu_mul(torch::Tensor gu);

@@ -18,6 +18,7 @@ class TargetView(Protocol):
     max_len: int  # positions the rotary tables cover
     rotary: object  # models.layers.Rotary: tables(positions) -> cos, sin
     blocked_head: bool
+    activations: str  # config.ACTIVATIONS: what the block kernels dot the weights with (a draft model follows it)
 
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor: ...  # [T] -> [T, hidden]
     def final_norm(self, x: torch.Tensor) -> torch.Tensor: ...  # [B, hidden] -> [B, hidden]
@@ -27,9 +28,10 @@ class TargetView(Protocol):
     def unit_bytes(self) -> list[int]: ...  # weight bytes of [embedding, layers, norm + head]
 
 
-def build_model(arch, weights, dtype, device, use_blocks=True, max_len=None):
+def build_model(arch, weights, dtype, device, use_blocks=True, max_len=None, activations="fp32"):
     cls = resolve(ARCHITECTURES.get(arch.architecture).model)  # the entry's "module:Class"
-    return cls(arch, weights, dtype, device, use_blocks=use_blocks, max_len=max_len)
+    return cls(arch, weights, dtype, device, use_blocks=use_blocks, max_len=max_len,
+               activations=activations)
 
 
 __all__ = ["LlamaModel", "TargetView", "build_model"]

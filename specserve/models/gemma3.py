@@ -21,8 +21,8 @@ from .layers import Rotary
 from .llama import LlamaModel, load_layer
 
 
-def load_gemma3_layer(arch: ModelArch, w: dict, i: int, dtype, device, use_blocks: bool):
-    layer = load_layer(arch, w, i, dtype, device, use_blocks)
+def load_gemma3_layer(arch: ModelArch, w: dict, i: int, dtype, device, use_blocks: bool, activations: str = "fp32"):
+    layer = load_layer(arch, w, i, dtype, device, use_blocks, activations)
     norm = lambda n: as_dense(w[f"layers.{i}.{n}"]).to(device, dtype)
     layer.q_norm, layer.k_norm = norm("q_norm"), norm("k_norm")
     layer.post_attn_norm, layer.post_ffn_norm = norm("post_attn_norm"), norm("post_ffn_norm")
@@ -47,8 +47,8 @@ class Gemma3Model(LlamaModel):
     load_layer = staticmethod(load_gemma3_layer)
 
     def __init__(self, arch: ModelArch, weights: dict, dtype: torch.dtype, device: torch.device,
-                 use_blocks: bool = True, max_len=None):
-        super().__init__(arch, weights, dtype, device, use_blocks=use_blocks, max_len=max_len)
+                 use_blocks: bool = True, max_len=None, activations: str = "fp32"):
+        super().__init__(arch, weights, dtype, device, use_blocks=use_blocks, max_len=max_len, activations=activations)
         rows = self.embed_rows
         scale = torch.tensor(arch.hidden_size ** 0.5, dtype=dtype)  # HF rounds sqrt(hidden) to the dtype first
         self.embed_rows = lambda ids: rows(ids).to(dtype) * scale

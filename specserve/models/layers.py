@@ -28,13 +28,16 @@ class Linear:
     size (no copy of any kind)."""
 
     def __init__(self, weights: list, bias: Optional[torch.Tensor], dtype: torch.dtype, device: torch.device,
-                 use_blocks: bool):
+                 use_blocks: bool, activations: str = "fp32"):
         # Several weights with the same input (q, k, v or gate, up) are stacked into one product.
         self.block = None
         self.dense = None
         types = {w.type_name for w in weights if isinstance(w, QuantizedWeight)}
         blocked = use_blocks and all(isinstance(w, QuantizedWeight) for w in weights)
-        if blocked and len(types) == 1 and weights[0].type_name in LEGACY_BLOCK_TYPES:
+        if blocked and activations == "int8" and all(kernels.Int8Weight.supports(t) for t in types):
+            self.block = kernels.Int8Weight(weights)  # every pass on the blocks: a row's bits never depend on M
+            self.max_block_rows = None
+        elif blocked and len(types) == 1 and weights[0].type_name in LEGACY_BLOCK_TYPES:
             raw = np.concatenate([w.raw for w in weights], axis=0)
             shape = (sum(w.shape[0] for w in weights), weights[0].shape[1])
             self.block = kernels.BlockWeight(weights[0].type_name, raw, shape)

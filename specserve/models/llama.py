@@ -17,8 +17,9 @@ from .decoder import LayerWeights, decoder_layer, fused_decoder_layer, paged
 from .layers import Linear, Rotary, fused_layer_weights, rms_norm, runs_fused
 
 
-def load_layer(arch: ModelArch, w: dict, i: int, dtype, device, use_blocks: bool) -> LayerWeights:
+def load_layer(arch: ModelArch, w: dict, i: int, dtype, device, use_blocks: bool, activations: str = "fp32") -> LayerWeights:
     """Layer i's canonical weights as Linear products (blocked where the kernels take them)."""
+    lin = lambda names, bias=None: Linear([get(n) for n in names], bias, dtype, device, use_blocks, activations)  # noqa: E731
     p = f"layers.{i}."
     get = lambda n: w.get(p + n)
     qkv_bias = None
@@ -27,10 +28,7 @@ def load_layer(arch: ModelArch, w: dict, i: int, dtype, device, use_blocks: bool
     return LayerWeights(
         attn_norm=as_dense(get("attn_norm")).to(device, dtype),
         ffn_norm=as_dense(get("ffn_norm")).to(device, dtype),
-        qkv=Linear([get("q"), get("k"), get("v")], qkv_bias, dtype, device, use_blocks),
-        o=Linear([get("o")], None, dtype, device, use_blocks),
-        gate_up=Linear([get("gate"), get("up")], None, dtype, device, use_blocks),
-        down=Linear([get("down")], None, dtype, device, use_blocks))
+        qkv=lin(("q", "k", "v"), qkv_bias), o=lin(("o",)), gate_up=lin(("gate", "up")), down=lin(("down",)))
 
 
 class LlamaModel:
@@ -38,20 +36,20 @@ class LlamaModel:
     fusable = True
 
     def __init__(self, arch: ModelArch, weights: dict, dtype: torch.dtype, device: torch.device,
-                 use_blocks: bool = True, max_len: Optional[int] = None):
-        self.arch, self.dtype, self.device = arch, dtype, device
+                 use_blocks: bool = True, max_len: Optional[int] = None, activations: str = "fp32"):
+        self.arch, self.dtype, self.device, self.activations = arch, dtype, device, activations
         self.num_heads, self.num_kv_heads, self.head_dim = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
         self.eps = arch.rms_norm_eps
         use_blocks = use_blocks and device.type == "cpu" and dtype == torch.float32 and kernels.available()
-        self.layers = [self.load_layer(arch, weights, i, dtype, device, use_blocks) for i in range(arch.num_hidden_layers)]
+        self.layers = [self.load_layer(arch, weights, i, dtype, device, use_blocks, activations) for i in range(arch.num_hidden_layers)]
         self.norm = as_dense(weights["norm"]).to(device, dtype)
         embed = weights["embed"]
         head = embed if arch.tie_word_embeddings else weights["lm_head"]
-        self.lm_head = Linear([head], None, dtype, device, use_blocks)
+        self.lm_head = Linear([head], None, dtype, device, use_blocks, activations)
         if head is embed and isinstance(self.lm_head.block, kernels.GgufWeight):
             self.embed_rows = self.lm_head.block.rows  # tied, in place: rows decoded from the head's blocks
-        elif head is not embed and isinstance(embed, QuantizedWeight) and use_blocks \
-                and kernels.GgufWeight.supports(embed.type_name):
+        elif isinstance(embed, QuantizedWeight) and use_blocks and kernels.GgufWeight.supports(embed.type_name) \
+                and (head is not embed or isinstance(self.lm_head.block, kernels.Int8Weight)):
             self.embed_rows = kernels.GgufWeight([embed]).rows  # read in place from the file
         else:
             # Tied legacy blocks: the head's dense copy (kept for prefill-sized products anyway) is the

@@ -10,6 +10,9 @@ from specserve.cli.main import build_parser
 
 from .cli_surface import surface
 
+# Flags added since the record, each by name (dest "activations": issue 37's mode): a flag that
+# vanished, or one added without being named here, still fails.
+ADDED = {"--activations": "activations"}
 RECORDED = json.loads((pathlib.Path(__file__).parent / "data" / "cli_surface_0ae6532.json").read_text())
 NOW = surface(build_parser)
 
@@ -17,7 +20,7 @@ NOW = surface(build_parser)
 @pytest.mark.parametrize("command", sorted(RECORDED["options"]))
 def test_the_same_flags_with_the_same_defaults(command):
     before, after = RECORDED["options"][command], NOW["options"][command]
-    assert sorted(after) == sorted(before)
+    assert sorted(set(after) - set(ADDED)) == sorted(before)
     for flag, was in before.items():
         now = dict(after[flag])
         # A name registered since (a drafter, a policy) may join a flag's choices; none may leave.
@@ -31,4 +34,5 @@ def test_the_same_flags_with_the_same_defaults(command):
 def test_command_lines_parse_as_before(i):
     was, now = RECORDED["parsed"][i], NOW["parsed"][i]
     assert now["line"] == was["line"]
-    assert now["result"] == was["result"], " ".join(was["line"])
+    result = {k: v for k, v in now["result"].items() if k not in ADDED.values()}
+    assert result == was["result"], " ".join(was["line"])

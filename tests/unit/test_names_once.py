@@ -16,7 +16,7 @@ from specserve.types import SamplingParams
 
 ENGINE_DEFAULTS = dict(model=None, dtype="auto", device="cpu", num_threads=None, kv_cache_gib=1.0,
                        enable_prefix_caching=True, prefill_chunk="auto", cuda_graphs=True, check_tensors=False,
-                       check_memory=True)
+                       check_memory=True, activations="fp32")  # activations: issue 37's mode, added since 0ae6532
 
 
 def kwargs(line):
@@ -29,10 +29,10 @@ def test_generate_builds_the_llm_it_built_before():
     assert kwargs(["generate", "x"]) == {**ENGINE_DEFAULTS, "guided_fast_forward": True, "speculative": None}
     got = kwargs(["generate", "x", "--threads", "3", "--kv-cache-gib", "0.5", "--prefill-chunk", "none",
                   "--no-prefix-caching", "--no-cuda-graphs", "--no-fast-forward", "--check-tensors", "--dtype", "float32",
-                  "--speculative", "lookup", "--policy", "fixed", "--draft-len", "3"])
+                  "--speculative", "lookup", "--policy", "fixed", "--draft-len", "3", "--activations", "int8"])
     assert got == {**ENGINE_DEFAULTS, "num_threads": 3, "kv_cache_gib": 0.5, "prefill_chunk": None,
                    "enable_prefix_caching": False, "cuda_graphs": False, "check_tensors": True, "dtype": "float32",
-                   "guided_fast_forward": False, "speculative": got["speculative"]}
+                   "guided_fast_forward": False, "speculative": got["speculative"], "activations": "int8"}
     spec = SpeculativeConfig.from_any(got["speculative"])
     assert (spec.method, spec.policy, spec.draft_len, spec.stages) == ("lookup", "fixed", 3, ("draft", "ngram"))
 

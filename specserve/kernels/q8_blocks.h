@@ -1,0 +1,139 @@
+// Int8 activations (issue 37): GGUF blocks dotted with 8-bit activations, as llama.cpp does.
+//
+// A row of x is quantised per 32 values (llama.cpp's Q8_0 rule, with an fp32 scale): d = absmax / 127,
+// q = round(x / d). Every weight type is read as sub-blocks of G unsigned integers u (G = 32; Q6_K's
+// scales cover 16) with w = ws (u - off) + wm, so one output is, over the sub-blocks s in order,
+//
+//   isum_s = sum_e u_e q_e - off * sum_e q_e            (exact, int32)
+//   y      = fma(float(isum_s), ws_s * d_s, y)          (ws_s * d_s rounded once)
+//   y      = fma(wm_s, d_s * sum_e q_e, y)              (types with a min: Q4_1, Q5_1, Q4_K)
+//
+// summed in that one order whatever the number of rows beside it: a verify pass gives the bits of
+// one-token steps within the mode. q8_reference (q8_matmul.cpp) is this formula over the file's blocks;
+// the VNNI build (q8_matmul_avx512.cpp) runs it over a copy regrouped by q8_pack, 16 output columns
+// a group (one per 32-bit lane), with exactly the file's bytes per block.
+#pragma once
+#include "gguf_blocks.h"
+
+namespace specserve {
+namespace q8 {
+
+using namespace gguf;
+
+constexpr int LANES = 16;  // output columns per packed group
+
+constexpr int sub_size(int t) { return t == Q6_K ? 16 : 32; }
+constexpr int offset(int t) {
+  switch (t) {
+    case Q4_0: return 8;
+    case Q5_0: return 16;
+    case Q8_0: return 128;
+    case Q6_K: return 32;
+    default: return 0;
+  }
+}
+constexpr bool has_min(int t) { return t == Q4_1 || t == Q5_1 || t == Q4_K; }
+
+// Sub-block s of one file block: its G values u (unsigned) and (ws, wm), so that the weight's exact
+// fp32 value is ws (u - off) + wm (decode_block's value; ws and wm are exact products).
+inline void sub_block(int t, const uint8_t* b, int s, uint8_t* u, float* ws, float* wm) {
+  *wm = 0.0f;
+  switch (t) {
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: {
+      const bool five = t == Q5_0 || t == Q5_1, mn = t == Q4_1 || t == Q5_1;
+      *ws = fp16(b);
+      if (mn) *wm = fp16(b + 2);
+      uint32_t qh = 0;
+      if (five) std::memcpy(&qh, b + (mn ? 4 : 2), 4);
+      const uint8_t* qs = b + (mn ? 4 : 2) + (five ? 4 : 0);
+      for (int j = 0; j < 16; ++j) {
+        u[j] = (qs[j] & 0xF) | (five ? ((qh >> j) & 1) << 4 : 0);
+        u[j + 16] = (qs[j] >> 4) | (five ? ((qh >> (j + 16)) & 1) << 4 : 0);
+      }
+      break;
+    }
+    case Q8_0:
+      *ws = fp16(b);
+      for (int j = 0; j < 32; ++j) u[j] = static_cast<uint8_t>(b[2 + j] ^ 0x80);  // w + 128
+      break;
+    case Q4_K: {
+      int sc, m;
+      k4_scale_min(s, b + 4, &sc, &m);
+      *ws = fp16(b) * sc;
+      *wm = -(fp16(b + 2) * m);
+      const uint8_t* q = b + 16 + 32 * (s / 2);
+      for (int l = 0; l < 32; ++l) u[l] = s % 2 ? q[l] >> 4 : q[l] & 0xF;
+      break;
+    }
+    case Q6_K: {
+      // element 128 h + 32 k + l (l < 32) of the block is in sub-block 8 h + 2 k + l / 16
+      const int h = s / 8, k = (s % 8) / 2, l0 = 16 * (s % 2);
+      const uint8_t* ql = b + 64 * h + 32 * (k % 2);
+      const uint8_t* qh = b + 128 + 32 * h;
+      *ws = fp16(b + 208) * reinterpret_cast<const int8_t*>(b + 192)[s];
+      for (int i = 0; i < 16; ++i) {
+        const int l = l0 + i;
+        u[i] = ((k < 2 ? ql[l] & 0xF : ql[l] >> 4)) | (((qh[l] >> (2 * k)) & 3) << 4);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+// Row r of x [M, K] quantised: q [K] int8, d [K/32] (scale per 32), s16 [K/16] (sums of q per 16),
+// xs [K/32] (d times the sum of q per 32: the min term's activation).
+inline void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int32_t* s16, float* xs) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[32 * b + j]));
+    const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+    int32_t s[2] = {0, 0};
+    for (int j = 0; j < 32; ++j) {
+      const int v = static_cast<int>(std::nearbyint(x[32 * b + j] * id));
+      q[32 * b + j] = static_cast<int8_t>(v);
+      s[j / 16] += v;
+    }
+    d[b] = db;
+    s16[2 * b] = s[0];
+    s16[2 * b + 1] = s[1];
+    xs[b] = db * static_cast<float>(s[0] + s[1]);
+  }
+}
+
+// x quantised, row by row (quantize_row), in the buffers of one call.
+struct Acts {
+  const int8_t* q;
+  const float* d;
+  const int32_t* s16;
+  const float* xs;
+  int64_t K;
+  const int8_t* qr(int64_t r) const { return q + r * K; }
+  const float* dr(int64_t r) const { return d + r * (K / 32); }
+  const int32_t* sr(int64_t r) const { return s16 + r * (K / 16); }
+  const float* xsr(int64_t r) const { return xs + r * (K / 32); }
+};
+
+// One packed segment: groups of 16 output columns, each a run of K / block_elems packed blocks of
+// 16 * block_bytes bytes (q8_pack's layout).
+struct PSeg {
+  const uint8_t* data;
+  int type;
+  int64_t rows, first;  // first: this segment's first output column in the call
+};
+
+struct PCall {
+  const PSeg* segs;
+  int nsegs;
+  Acts a;
+  float* y;  // [M, N]
+  int64_t M, K, N;
+};
+
+// The VNNI build over groups g0 .. g1-1 of segment i (q8_matmul_avx512.cpp).
+void run_vnni(const PCall& c, int seg, int64_t g0, int64_t g1);
+bool cpu_has_vnni();
+
+}  // namespace q8
+}  // namespace specserve

@@ -1,0 +1,253 @@
+// y = x @ W^T with 8-bit activations (the opt-in int8 mode; the formula is in q8_blocks.h): the packer,
+// the plain reference over the file's own blocks (also the build for CPUs without AVX-512 VNNI), and
+// the entry point that picks the build.
+#include "ops.h"
+#include "q8_blocks.h"
+
+namespace specserve {
+namespace q8 {
+namespace {
+
+// Column c's values of a packed group (16 file blocks side by side) written into one packed block of
+// 16 * block_bytes(t) bytes: scales first, then the values as the VNNI build reads them, 64 bytes a
+// vector, 4 bytes (one 32-bit lane) per column: see run_vnni for how each type's vectors are read.
+void pack_block(int t, const uint8_t* const blocks[LANES], uint8_t* out) {
+  auto put16 = [&](int off) {  // one fp16 per column, from byte `off` of its block
+    for (int c = 0; c < LANES; ++c) std::memcpy(out + 2 * c, blocks[c] + off, 2);
+    out += 2 * LANES;
+  };
+  auto put_lanes = [&](auto&& byte) {  // one 64-byte vector: byte(c, i) for column c, byte i of its lane
+    for (int c = 0; c < LANES; ++c)
+      for (int i = 0; i < 4; ++i) out[4 * c + i] = byte(c, i);
+    out += 64;
+  };
+  const int elems = block_elems(t);
+  uint8_t u[LANES][256];
+  float ws, wm;
+  const int G = sub_size(t);
+  for (int c = 0; c < LANES; ++c)
+    for (int s = 0; s < elems / G; ++s) sub_block(t, blocks[c], s, u[c] + G * s, &ws, &wm);
+  switch (t) {
+    case Q4_0: case Q4_1: case Q5_0: case Q5_1: {
+      const bool five = t == Q5_0 || t == Q5_1, mn = t == Q4_1 || t == Q5_1;
+      put16(0);
+      if (mn) put16(2);
+      if (five) {  // 8 masks of 64 bits: step k's fifth bits, bit 4 c + i for element e(k, i)
+        for (int k = 0; k < 8; ++k) {
+          uint64_t m = 0;
+          for (int c = 0; c < LANES; ++c)
+            for (int i = 0; i < 4; ++i) {
+              const int e = k < 4 ? 4 * k + i : 16 + 4 * (k - 4) + i;
+              m |= static_cast<uint64_t>(u[c][e] >> 4) << (4 * c + i);
+            }
+          std::memcpy(out, &m, 8);
+          out += 8;
+        }
+      }
+      // vector k < 4: low nibbles elements 4k.., high nibbles 16 + 4k..
+      for (int k = 0; k < 4; ++k) put_lanes([&](int c, int i) { return (u[c][4 * k + i] & 0xF) | (u[c][16 + 4 * k + i] & 0xF) << 4; });
+      break;
+    }
+    case Q8_0:
+      put16(0);
+      for (int k = 0; k < 8; ++k) put_lanes([&](int c, int i) { return u[c][4 * k + i]; });
+      break;
+    case Q4_K:
+      put16(0);
+      put16(2);
+      for (int w = 0; w < 3; ++w) put_lanes([&](int c, int i) { return blocks[c][4 + 4 * w + i]; });
+      // (j, k): low nibbles sub-block 2 j elements 4 k.., high nibbles sub-block 2 j + 1
+      for (int j = 0; j < 4; ++j)
+        for (int k = 0; k < 8; ++k) put_lanes([&](int c, int i) { return blocks[c][16 + 32 * j + 4 * k + i]; });
+      break;
+    case Q6_K:
+      put16(208);
+      for (int s = 0; s < 16; ++s)
+        for (int c = 0; c < LANES; ++c) *out++ = blocks[c][192 + s];
+      // per sub-block s: two vectors of low nibbles (steps 0, 1 and 2, 3), then (below) one of high bits
+      for (int p = 0; p < 32; ++p) {
+        const int s = p / 2, k = 2 * (p % 2);
+        put_lanes([&](int c, int i) { return (u[c][16 * s + 4 * k + i] & 0xF) | (u[c][16 * s + 4 * k + 4 + i] & 0xF) << 4; });
+      }
+      for (int s = 0; s < 16; ++s)
+        put_lanes([&](int c, int i) {
+          int v = 0;
+          for (int k = 0; k < 4; ++k) v |= (u[c][16 * s + 4 * k + i] >> 4) << (2 * k);
+          return v;
+        });
+      break;
+    default:
+      break;
+  }
+}
+
+struct Quantised {
+  torch::Tensor q, d, s16, xs;
+  Acts acts() const {
+    return {q.data_ptr<int8_t>(), d.data_ptr<float>(), s16.data_ptr<int32_t>(), xs.data_ptr<float>(), q.size(1)};
+  }
+};
+
+Quantised quantise(const torch::Tensor& x) {
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % 32 == 0, "int8 activations: K must be a multiple of 32");
+  Quantised r{torch::empty({M, K}, torch::kInt8), torch::empty({M, K / 32}, torch::kFloat32),
+              torch::empty({M, K / 16}, torch::kInt32), torch::empty({M, K / 32}, torch::kFloat32)};
+  const float* px = x.data_ptr<float>();
+  const Acts a = r.acts();
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i)
+      quantize_row(px + i * K, K, const_cast<int8_t*>(a.qr(i)), const_cast<float*>(a.dr(i)),
+                   const_cast<int32_t*>(a.sr(i)), const_cast<float*>(a.xsr(i)));
+  });
+  return r;
+}
+
+// The formula of q8_blocks.h, one output at a time, from the file's blocks.
+float reference_one(int t, const uint8_t* row, const Acts& a, int64_t r, int64_t K) {
+  const int elems = block_elems(t), bytes = block_bytes(t), G = sub_size(t), off = offset(t);
+  const int8_t* q = a.qr(r);
+  uint8_t u[32];
+  float y = 0.0f, ws, wm;
+  for (int64_t b = 0; b < K / elems; ++b)
+    for (int s = 0; s < elems / G; ++s) {
+      sub_block(t, row + b * bytes, s, u, &ws, &wm);
+      const int64_t e0 = b * elems + s * G;
+      int32_t isum = 0, qsum = 0;
+      for (int e = 0; e < G; ++e) isum += u[e] * q[e0 + e];
+      for (int h = 0; h < G / 16; ++h) qsum += a.sr(r)[e0 / 16 + h];
+      isum -= off * qsum;
+      y = std::fmaf(static_cast<float>(isum), ws * a.dr(r)[e0 / 32], y);
+      if (has_min(t)) y = std::fmaf(wm, a.xsr(r)[e0 / 32], y);
+    }
+  return y;
+}
+
+bool& use_vnni() {
+  static bool on = cpu_has_vnni();
+  return on;
+}
+
+}  // namespace
+}  // namespace q8
+
+namespace {
+
+using q8::LANES;
+
+void check_raw(const torch::Tensor& raw, int t, int64_t K) {
+  const int elems = gguf::block_elems(t);
+  TORCH_CHECK(elems > 0 && K % elems == 0, "int8 activations: GGML type ", t, " with K = ", K, " is not one the kernels take");
+  TORCH_CHECK(raw.dtype() == torch::kUInt8 && raw.dim() == 2 && raw.stride(1) == 1 &&
+              raw.size(1) == K / elems * gguf::block_bytes(t), "int8 activations: raw blocks must be u8 [rows, bytes]");
+}
+
+}  // namespace
+
+torch::Tensor q8_pack(torch::Tensor raw, int64_t type, int64_t K) {
+  // raw: [N, bytes per row] u8 in GGML type `type` -> [ceil(N / 16), K / block_elems, 16 * block_bytes] u8
+  const int t = static_cast<int>(type);
+  check_raw(raw, t, K);
+  const int64_t N = raw.size(0), groups = (N + LANES - 1) / LANES, nb = K / gguf::block_elems(t);
+  const int bytes = gguf::block_bytes(t);
+  auto out = torch::empty({groups, nb, LANES * bytes}, torch::kUInt8);
+  const uint8_t* base = raw.data_ptr<uint8_t>();
+  uint8_t* po = out.data_ptr<uint8_t>();
+  const int64_t stride = raw.stride(0);
+  std::vector<uint8_t> zero(bytes, 0);  // padding columns: zero blocks (scale 0: they add nothing)
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    const uint8_t* blocks[LANES];
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < nb; ++b) {
+        for (int c = 0; c < LANES; ++c) {
+          const int64_t n = g * LANES + c;
+          blocks[c] = n < N ? base + n * stride + b * bytes : zero.data();
+        }
+        q8::pack_block(t, blocks, po + (g * nb + b) * LANES * bytes);
+      }
+  });
+  return out;
+}
+
+torch::Tensor q8_reference(torch::Tensor x, const std::vector<torch::Tensor>& raws, const std::vector<int64_t>& types) {
+  // x: [M, K] f32; raws[i]: [N_i, bytes] u8 of GGML type types[i] -> y: [M, sum N_i] f32, by the plain formula
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be f32 [M, K]");
+  x = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(raws.size() == types.size() && !raws.empty(), "one type per segment");
+  int64_t N = 0;
+  for (size_t i = 0; i < raws.size(); ++i) {
+    check_raw(raws[i], static_cast<int>(types[i]), K);
+    N += raws[i].size(0);
+  }
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0) return y;
+  const q8::Quantised qx = q8::quantise(x);
+  const q8::Acts a = qx.acts();
+  float* py = y.data_ptr<float>();
+  int64_t first = 0;
+  for (size_t i = 0; i < raws.size(); ++i) {
+    const int t = static_cast<int>(types[i]);
+    const uint8_t* base = raws[i].data_ptr<uint8_t>();
+    const int64_t stride = raws[i].stride(0), rows = raws[i].size(0);
+    at::parallel_for(0, rows, 16, [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t r = 0; r < M; ++r) py[r * N + first + n] = q8::reference_one(t, base + n * stride, a, r, K);
+    });
+    first += rows;
+  }
+  return y;
+}
+
+bool q8_kernel_vnni(c10::optional<bool> enable) {
+  if (enable) q8::use_vnni() = *enable && q8::cpu_has_vnni();
+  return q8::use_vnni();
+}
+
+torch::Tensor q8_linear(torch::Tensor x, const std::vector<torch::Tensor>& w) {
+  // w: [packed_0 .. packed_k-1, raw_0 .. raw_k-1, meta] with meta int32 [k, 2] (GGML type, rows) per
+  // segment (Int8Weight.parts) -> y [M, sum rows] f32
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be f32 [M, K]");
+  const torch::Tensor meta = w.back().contiguous();
+  const int64_t k = meta.size(0);
+  TORCH_CHECK(meta.scalar_type() == torch::kInt32 && meta.dim() == 2 && static_cast<int64_t>(w.size()) == 2 * k + 1,
+              "int8 activations: parts are [packed..., raw..., meta]");
+  const int32_t* m = meta.data_ptr<int32_t>();
+  if (!q8::use_vnni()) {
+    std::vector<int64_t> types(k);
+    for (int64_t i = 0; i < k; ++i) types[i] = m[2 * i];
+    return q8_reference(x, std::vector<torch::Tensor>(w.begin() + k, w.end() - 1), types);
+  }
+  x = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  std::vector<q8::PSeg> segs;
+  std::vector<int64_t> group_end;  // cumulative groups: the flat index threads split
+  int64_t first = 0, groups = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    const int t = m[2 * i];
+    const int64_t rows = m[2 * i + 1], g = (rows + LANES - 1) / LANES;
+    const torch::Tensor& p = w[i];
+    TORCH_CHECK(p.dtype() == torch::kUInt8 && p.is_contiguous() && p.size(0) == g &&
+                p.size(1) * gguf::block_elems(t) == K, "int8 activations: a packed segment does not fit x");
+    segs.push_back({p.data_ptr<uint8_t>(), t, rows, first});
+    first += rows;
+    groups += g;
+    group_end.push_back(groups);
+  }
+  auto y = torch::empty({M, first}, x.options());
+  if (M == 0) return y;
+  const q8::Quantised qx = q8::quantise(x);
+  const q8::PCall call{segs.data(), static_cast<int>(segs.size()), qx.acts(), y.data_ptr<float>(), M, K, first};
+  const int64_t grain = std::max<int64_t>(1, groups / (8 * at::get_num_threads()));
+  at::parallel_for(0, groups, grain, [&](int64_t a, int64_t b) {
+    int64_t start = 0;
+    for (int i = 0; i < static_cast<int>(segs.size()); ++i) {
+      const int64_t lo = std::max(a, start), hi = std::min(b, group_end[i]);
+      if (lo < hi) q8::run_vnni(call, i, lo - start, hi - start);
+      start = group_end[i];
+    }
+  });
+  return y;
+}
+
+}  // namespace specserve

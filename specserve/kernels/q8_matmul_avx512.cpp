@@ -1,0 +1,211 @@
+// The int8-activation build for CPUs with AVX-512 VNNI, over weights regrouped by q8_pack: each 32-bit
+// lane is one output column, so VPDPBUSD adds 4 products (4 weights of a column times the same 4
+// activations, broadcast) into each column's lane, and a sub-block's integer sum ends in its column's
+// lane with no horizontal reduction. The float steps per sub-block are those of q8_blocks.h, in its
+// order, so each output has the bits of q8_reference's.
+#include "ops.h"
+#include "q8_blocks.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+
+namespace specserve {
+namespace q8 {
+namespace {
+
+constexpr int MAX_TILE_ROWS = 8;
+
+inline __m512i load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline __m512 halfs(const uint8_t* p) {  // 16 fp16 scales, one per column
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <int R>
+struct Tile {
+  const int8_t* q[R];  // each row's quantised activations
+  int64_t r0;
+  __m512 y[R];
+};
+
+// isum[r] += u . q[r][e .. e + 3] in every column's lane
+template <int R>
+__attribute__((always_inline)) inline void dot(__m512i u, int64_t e, const Tile<R>& tl, __m512i isum[R]) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) isum[r] = _mm512_dpbusd_epi32(isum[r], u, bcast4(tl.q[r] + e));
+}
+
+// The sub-block of G values at element e0 of the row ends: y = fma(isum - off qsum, ws d, y) (+ wm xs).
+template <int R, int G, int OFF, bool MIN>
+__attribute__((always_inline)) inline void finish(const __m512i isum[R], int64_t e0, __m512 ws, __m512 wm, const Acts& a,
+                                                  Tile<R>& tl) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = tl.r0 + r;
+    __m512i s = isum[r];
+    if constexpr (OFF != 0) {
+      const int32_t* s16 = a.sr(row) + e0 / 16;
+      s = _mm512_sub_epi32(s, _mm512_set1_epi32(OFF * (G == 32 ? s16[0] + s16[1] : s16[0])));
+    }
+    tl.y[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_set1_ps(a.dr(row)[e0 / 32])), tl.y[r]);
+    if constexpr (MIN) tl.y[r] = _mm512_fmadd_ps(wm, _mm512_set1_ps(a.xsr(row)[e0 / 32]), tl.y[r]);
+  }
+}
+
+template <int R>
+inline void zero(__m512i v[R]) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) v[r] = _mm512_setzero_si512();
+}
+
+// One packed block (16 columns' file blocks) at element e of the rows, for the tile's rows.
+template <int T, int R>
+__attribute__((always_inline)) inline void block(const uint8_t* p, int64_t e, const Acts& a, Tile<R>& tl) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i isum[R];
+  if constexpr (T == Q4_K) {
+    const __m512 d = halfs(p), dmin = halfs(p + 32);
+    // the 12 bytes of 6-bit scales and mins, unpacked in every lane at once (gguf::k4_scales_mins)
+    const __m512i w0 = load(p + 64), w1 = load(p + 128), w2 = load(p + 192);
+    const __m512i m1 = _mm512_set1_epi32(0x3f3f3f3f), m2 = _mm512_set1_epi32(0x0f0f0f0f), m3 = _mm512_set1_epi32(0x03030303);
+    const __m512i sc[2] = {_mm512_and_si512(w0, m1),
+                           _mm512_or_si512(_mm512_and_si512(w2, m2), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), m3), 4))};
+    const __m512i mn[2] = {_mm512_and_si512(w1, m1),
+                           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), m2),
+                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), m3), 4))};
+    const uint8_t* qs = p + 256;
+    auto byte = [](__m512i v, int s) { return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * (s % 4)), _mm512_set1_epi32(0xFF))); };
+#pragma GCC unroll 1
+    for (int j = 0; j < 4; ++j) {
+      __m512i hi[R];
+      zero<R>(isum);
+      zero<R>(hi);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const __m512i v = load(qs + 64 * (8 * j + k));
+        dot<R>(_mm512_and_si512(v, low4), e + 64 * j + 4 * k, tl, isum);
+        dot<R>(_mm512_and_si512(_mm512_srli_epi16(v, 4), low4), e + 64 * j + 32 + 4 * k, tl, hi);
+      }
+      for (int h = 0; h < 2; ++h) {
+        const int s = 2 * j + h;
+        const __m512 ws = _mm512_mul_ps(d, byte(sc[s / 4], s)), wm = _mm512_xor_ps(_mm512_mul_ps(dmin, byte(mn[s / 4], s)), _mm512_set1_ps(-0.0f));
+        finish<R, 32, 0, true>(h ? hi : isum, e + 32 * s, ws, wm, a, tl);
+      }
+    }
+  } else if constexpr (T == Q6_K) {
+    const __m512 d = halfs(p);
+    const uint8_t* sc = p + 32;
+    const uint8_t* lo = p + 32 + 256;
+    const uint8_t* hb = lo + 32 * 64;
+    const __m512i top = _mm512_set1_epi8(0x30);
+#pragma GCC unroll 2
+    for (int s = 0; s < 16; ++s) {
+      const __m512i l0 = load(lo + 128 * s), l1 = load(lo + 128 * s + 64), h = load(hb + 64 * s);
+      zero<R>(isum);
+      const int64_t e0 = e + 16 * s;
+      dot<R>(_mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_and_si512(_mm512_slli_epi16(h, 4), top)), e0, tl, isum);
+      dot<R>(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4), _mm512_and_si512(_mm512_slli_epi16(h, 2), top)),
+             e0 + 4, tl, isum);
+      dot<R>(_mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_and_si512(h, top)), e0 + 8, tl, isum);
+      dot<R>(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4), _mm512_and_si512(_mm512_srli_epi16(h, 2), top)),
+             e0 + 12, tl, isum);
+      const __m512 ws = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * s)))));
+      finish<R, 16, 32, false>(isum, e0, ws, ws, a, tl);
+    }
+  } else if constexpr (T == Q8_0) {
+    zero<R>(isum);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) dot<R>(load(p + 32 + 64 * k), e + 4 * k, tl, isum);
+    finish<R, 32, 128, false>(isum, e, halfs(p), halfs(p), a, tl);
+  } else {  // Q4_0 / Q4_1 / Q5_0 / Q5_1
+    constexpr bool five = T == Q5_0 || T == Q5_1, mn = T == Q4_1 || T == Q5_1;
+    const __m512 ws = halfs(p), wm = mn ? halfs(p + 32) : ws;
+    const uint8_t* masks = p + (mn ? 64 : 32);
+    const uint8_t* v = masks + (five ? 64 : 0);
+    const __m512i sixteen = _mm512_set1_epi8(0x10);
+    zero<R>(isum);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m512i x = load(v + 64 * k);
+      __m512i lo = _mm512_and_si512(x, low4), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
+      if constexpr (five) {
+        uint64_t ml, mh;
+        std::memcpy(&ml, masks + 8 * k, 8);
+        std::memcpy(&mh, masks + 8 * (k + 4), 8);
+        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(ml), lo, sixteen);
+        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mh), hi, sixteen);
+      }
+      dot<R>(lo, e + 4 * k, tl, isum);
+      dot<R>(hi, e + 16 + 4 * k, tl, isum);
+    }
+    finish<R, 32, offset(T), mn>(isum, e, ws, wm, a, tl);
+  }
+}
+
+template <int T, int R>
+void group(const PCall& c, const PSeg& s, int64_t g, int64_t r0) {
+  const int elems = block_elems(T), pbytes = LANES * block_bytes(T);
+  const int64_t nb = c.K / elems;
+  const uint8_t* p = s.data + g * nb * pbytes;
+  Tile<R> tl;
+  tl.r0 = r0;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    tl.q[r] = c.a.qr(r0 + r);
+    tl.y[r] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) block<T, R>(p + b * pbytes, b * elems, c.a, tl);
+  const int64_t col = s.first + g * LANES, valid = std::min<int64_t>(LANES, s.rows - g * LANES);
+  const __mmask16 keep = valid == LANES ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(c.y + (r0 + r) * c.N + col, keep, tl.y[r]);
+}
+
+template <int T, int R = MAX_TILE_ROWS>
+void group_rows(int rows, const PCall& c, const PSeg& s, int64_t g, int64_t r0) {
+  if constexpr (R > 1) {
+    if (rows < R) return group_rows<T, R - 1>(rows, c, s, g, r0);
+  }
+  group<T, R>(c, s, g, r0);
+}
+
+template <int T>
+void run_type(const PCall& c, const PSeg& s, int64_t g0, int64_t g1) {
+  for (int64_t g = g0; g < g1; ++g)
+    for (int64_t r0 = 0; r0 < c.M; r0 += MAX_TILE_ROWS)
+      group_rows<T>(static_cast<int>(std::min<int64_t>(MAX_TILE_ROWS, c.M - r0)), c, s, g, r0);
+}
+
+}  // namespace
+
+void run_vnni(const PCall& c, int seg, int64_t g0, int64_t g1) {
+  const PSeg& s = c.segs[seg];
+  switch (s.type) {
+    case Q4_0: return run_type<Q4_0>(c, s, g0, g1);
+    case Q4_1: return run_type<Q4_1>(c, s, g0, g1);
+    case Q5_0: return run_type<Q5_0>(c, s, g0, g1);
+    case Q5_1: return run_type<Q5_1>(c, s, g0, g1);
+    case Q8_0: return run_type<Q8_0>(c, s, g0, g1);
+    case Q4_K: return run_type<Q4_K>(c, s, g0, g1);
+    case Q6_K: return run_type<Q6_K>(c, s, g0, g1);
+    default: return;
+  }
+}
+
+}  // namespace q8
+}  // namespace specserve
+
+#pragma GCC pop_options
+
+namespace specserve {
+namespace q8 {
+bool cpu_has_vnni() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+}  // namespace q8
+}  // namespace specserve

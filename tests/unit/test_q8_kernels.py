@@ -1,0 +1,101 @@
+"""Int8 activations (q8_matmul.cpp, issue 37) on random blocks of every GGUF type, at the widths real
+models have: the VNNI build gives the bits of the plain reference of the same quantisation; both stay
+within the quantisation's own error bound of the dense fp32 product; a row's bits do not depend on the
+rows beside it; stacked segments equal their parts."""
+import numpy as np
+import pytest
+import torch
+
+from specserve import kernels
+from specserve.loading.quants import dequantize
+
+from .test_gguf_kernels import weight, widths
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="no compiler / AVX2 for the block kernels")
+
+TYPES = list(kernels.GGUF_TYPES)
+
+
+@pytest.fixture
+def vnni():
+    ext = kernels.ext()
+    if not ext.q8_kernel_vnni():
+        pytest.skip("this CPU has no AVX-512 VNNI: q8_linear runs the reference itself")
+    return ext
+
+
+def quantisation_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """|y - x W^T| can be at most sum_e |W[n, e]| d_e / 2 (d_e: the scale of e's block of 32, absmax / 127:
+    each activation moves by at most half a step), plus fp32 rounding. [M, N]"""
+    d = x.abs().view(x.shape[0], -1, 32).amax(-1) / 127  # [M, K/32]
+    half_step = d.repeat_interleave(32, dim=1).double() / 2  # [M, K]
+    rounding = 1e-5 * (x.double().abs() @ w.double().abs().T)
+    return half_step @ w.double().abs().T + rounding
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("M", [1, 3, 8, 9, 20])
+def test_vnni_build_gives_the_references_bits(type_name, M, vnni):
+    for k in widths(type_name):
+        iw = kernels.Int8Weight([weight(type_name, 37, k)])  # 37 columns: a padded group of 16
+        x = torch.randn(M, k) * torch.rand(1, k) * 3  # blocks of unequal scale
+        assert torch.equal(iw.matmul(x), iw.reference(x)), (type_name, k)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_within_the_quantisation_bound_of_dense_fp32(type_name):
+    for k in widths(type_name):
+        qw = weight(type_name, 21, k, seed=5)
+        iw = kernels.Int8Weight([qw])
+        dense = torch.from_numpy(dequantize(qw.raw, type_name, qw.shape))
+        x = torch.randn(4, k)
+        err = (iw.matmul(x).double() - x.double() @ dense.double().T).abs()
+        assert (err <= quantisation_bound(x, dense)).all(), (type_name, k)
+        assert err.max() > 0  # activations really are quantised (a bound met by fp32 would prove nothing)
+
+
+def test_the_reference_is_the_stated_formula():
+    """One Q4_K output by hand from the dequantised weight and the quantised activations: the weight's
+    value is ws u + wm per sub-block, so y = sum_s (ws_s d_s isum_s + wm_s d_s sum q) up to fp32 order."""
+    qw = weight("Q4_K", 1, 512, seed=2)
+    x = torch.randn(1, 512)
+    d = x.abs().view(-1, 32).amax(-1) / 127
+    q = torch.round(x.view(-1, 32) / d[:, None])
+    xq = (q * d[:, None]).view(1, -1).double()  # the activations as the kernel sees them
+    dense = torch.from_numpy(dequantize(qw.raw, "Q4_K", qw.shape)).double()
+    y = kernels.Int8Weight([qw]).reference(x).double()
+    assert torch.allclose(y, xq @ dense.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(type_name):
+    """(The VNNI build where the CPU has it, else the reference: whichever q8_linear runs here.)"""
+    k = widths(type_name)[-1]
+    iw = kernels.Int8Weight([weight(type_name, 40, k)])
+    x = torch.randn(19, k)
+    full = iw.matmul(x)
+    for r in range(19):
+        assert torch.equal(iw.matmul(x[r:r + 1].clone()), full[r:r + 1]), r
+    assert torch.equal(iw.matmul(x[5:13].clone()), full[5:13])
+
+
+def test_mixed_segments_stack_their_products():
+    parts = [weight("Q4_K", 48, 512, 1), weight("Q6_K", 20, 512, 2), weight("Q5_0", 24, 512, 3), weight("Q8_0", 8, 512, 4)]
+    x = torch.randn(5, 512)
+    stacked = kernels.Int8Weight(parts).matmul(x)
+    assert stacked.shape == (5, 100)
+    assert torch.equal(stacked, torch.cat([kernels.Int8Weight([p]).matmul(x) for p in parts], dim=1))
+
+
+def test_packing_keeps_the_files_bytes_per_block():
+    for type_name in TYPES:
+        k = widths(type_name)[-1]
+        qw = weight(type_name, 32, k)
+        assert kernels.Int8Weight([qw]).nbytes == qw.raw.nbytes, type_name
+
+
+def test_zero_rows_and_a_zero_input():
+    iw = kernels.Int8Weight([weight("Q4_K", 16, 256)])
+    assert iw.matmul(torch.zeros(0, 256)).shape == (0, 16)
+    assert torch.equal(iw.matmul(torch.zeros(2, 256)), torch.zeros(2, 16))
+    assert np.isfinite(iw.matmul(torch.full((1, 256), 1e30)).numpy()).all()
