@@ -6,8 +6,7 @@ engine from the command line.
 fallback=False: the cost model must not turn speculation off and make the comparison trivial."""
 import pytest
 
-from specserve import LLM, SamplingParams
-from specserve import kernels
+from specserve import LLM, SamplingParams, kernels
 from specserve_bench.humaneval import humaneval_prompts
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no block kernels: the mode needs them")
