@@ -9,6 +9,7 @@ import time
 import torch
 
 from specserve import LLM, SamplingParams
+from specserve.config import ACTIVATIONS
 from specserve_bench.humaneval import humaneval_prompts
 
 
@@ -17,8 +18,9 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--model", default=None, help="a known model's name or a path (default: the embedded model)")
+    ap.add_argument("--activations", default="fp32", choices=ACTIVATIONS, help="the block kernels' activations")
     args = ap.parse_args()
-    llm = LLM(args.model, kv_cache_gib=0.25)
+    llm = LLM(args.model, kv_cache_gib=0.25, activations=args.activations)
     prompt = humaneval_prompts(1)[0]
     params = SamplingParams(n=args.batch, temperature=0 if args.batch == 1 else 0.7, seed=0, max_tokens=args.steps,
                             ignore_eos=True)

@@ -14,6 +14,7 @@ namespace q8 {
 namespace {
 
 constexpr int MAX_TILE_ROWS = 8;
+constexpr int64_t PREFETCH_BYTES = 4096;  // 2-16 KB all alike; none: 36 GB/s, 4 KB: 64 GB/s (docs/decisions.md#q8-prefetch)
 
 inline __m512i load(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline __m512 halfs(const uint8_t* p) {  // 16 fp16 scales, one per column
@@ -158,7 +159,13 @@ void group(const PCall& c, const PSeg& s, int64_t g, int64_t r0) {
     tl.q[r] = c.a.qr(r0 + r);
     tl.y[r] = _mm512_setzero_ps();
   }
-  for (int64_t b = 0; b < nb; ++b) block<T, R>(p + b * pbytes, b * elems, c.a, tl);
+  for (int64_t b = 0; b < nb; ++b) {
+    // a stream per thread: ask for the bytes PREFETCH_BYTES ahead (past this group's end too: groups
+    // lie one after another); the hardware prefetcher alone reached about half the read bandwidth
+    const uint8_t* ahead = p + b * pbytes + PREFETCH_BYTES;
+    for (int off = 0; off < pbytes; off += 64) asm volatile("prefetcht0 %0" : : "m"(ahead[off]));
+    block<T, R>(p + b * pbytes, b * elems, c.a, tl);
+  }
   const int64_t col = s.first + g * LANES, valid = std::min<int64_t>(LANES, s.rows - g * LANES);
   const __mmask16 keep = valid == LANES ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
 #pragma GCC unroll 8
