@@ -54,7 +54,7 @@ _LOAD_PROBE = """
 import json, sys, time
 t0 = time.perf_counter()
 from specserve import LLM, SamplingParams
-llm = LLM(sys.argv[1], kv_cache_gib=float(sys.argv[2]), num_threads=int(sys.argv[3]) or None)
+llm = LLM(sys.argv[1], kv_cache_gib=float(sys.argv[2]), num_threads=int(sys.argv[3]) or None, activations=sys.argv[4])
 load = time.perf_counter() - t0
 llm.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=16))
 from specserve_bench.peers import peak_rss_mb
@@ -62,10 +62,10 @@ print(json.dumps({"load_s": load, "peak_rss_mb": peak_rss_mb()}))
 """
 
 
-def load_probe(model_path: str, kv_cache_gib: float, threads) -> dict:
+def load_probe(model_path: str, kv_cache_gib: float, threads, activations: str = "fp32") -> dict:
     """Load time (import included) and peak RSS of a fresh process that loads the model and decodes
     16 tokens, as `specserve generate` would."""
-    r = subprocess.run([sys.executable, "-c", _LOAD_PROBE, model_path, str(kv_cache_gib), str(threads or 0)],
+    r = subprocess.run([sys.executable, "-c", _LOAD_PROBE, model_path, str(kv_cache_gib), str(threads or 0), activations],
                        capture_output=True, text=True)
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200]}
@@ -152,8 +152,9 @@ def run_decode_bench(args) -> dict:
     engine_bytes = llm.engine.model.weight_bytes
     fp32_bytes = arch.num_params * 4
     arithmetic = arithmetic_floor_ms(llm) if args.device == "cpu" else None
-    probe = load_probe(llm.engine.model_path, args.kv_cache_gib, args.threads) if args.device == "cpu" else {}
-    floor = {"bandwidth_gbs": bw, "specserve_arithmetic_ms": arithmetic,
+    probe = load_probe(llm.engine.model_path, args.kv_cache_gib, args.threads, args.activations) \
+        if args.device == "cpu" else {}
+    floor = {"bandwidth_gbs": bw, "specserve_arithmetic_ms": arithmetic, "activations": args.activations,
              "specserve_weight_bytes": engine_bytes, "specserve_floor_ms": engine_bytes / bw / 1e6,
              "fp32_weight_bytes": fp32_bytes, "fp32_floor_ms": fp32_bytes / bw / 1e6,
              "gguf_file_bytes": os.path.getsize(llm.engine.model_path) if os.path.isfile(llm.engine.model_path) else None}
@@ -166,7 +167,7 @@ def run_decode_bench(args) -> dict:
                     "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None},
         "settings": {"prompts": len(prompts), "max_new_tokens": max_new, "batch_sizes": batch_sizes,
                      "batch1": "greedy, median over prompts", "batchN": f"n seeded samples of prompt 0, T={TEMPERATURE}",
-                     "engine_dtype": llm.config.model.resolved_dtype(),
+                     "engine_dtype": llm.config.model.resolved_dtype(), "activations": args.activations,
                      "engine_block_kernels": llm.engine.model.layers[0].qkv.block is not None},
         "results": {s: {str(b): v for b, v in r.items()} for s, r in results.items()},
         "greedy_identical_to_engine": identical,
@@ -192,7 +193,8 @@ def to_markdown(r: dict) -> str:
     lines = [f"# Decode benchmark ({r['time']})", "",
              f"Model `{os.path.basename(r['model'])}`, {r['settings']['prompts']} HumanEval prompts, "
              f"{r['settings']['max_new_tokens']} new tokens, device {r['machine'].get('gpu') or r['machine']['device']}, "
-             f"{r['machine']['threads']} CPU threads, torch {r['machine']['torch']}, engine dtype {r['settings']['engine_dtype']}. "
+             f"{r['machine']['threads']} CPU threads, torch {r['machine']['torch']}, engine dtype {r['settings']['engine_dtype']}, "
+             f"{r['settings'].get('activations', 'fp32')} activations. "
              f"Batch 1: greedy (median over prompts); batch N: {r['settings']['batchN']}.", "",
              "| system | batch | decode ms/step | TTFT ms | tokens/s | specserve speed-up (ms/step) | specserve throughput ratio |",
              "|---|---|---|---|---|---|---|"]
@@ -208,7 +210,8 @@ def to_markdown(r: dict) -> str:
               f"specserve's blocked weights {f['specserve_weight_bytes'] / 1e6:.0f} MB -> {f['specserve_floor_ms']:.1f} ms/token; "
               f"dense fp32 {f['fp32_weight_bytes'] / 1e6:.0f} MB -> {f['fp32_floor_ms']:.1f} ms/token."]
     if f.get("specserve_arithmetic_ms"):
-        lines += ["", f"Arithmetic floor of specserve's kernels (fp32 activations): {f['specserve_arithmetic_ms']:.1f} ms "
+        lines += ["", f"Arithmetic floor of specserve's kernels ({f.get('activations', 'fp32')} activations): "
+                  f"{f['specserve_arithmetic_ms']:.1f} ms "
                   "per token (a 16-row pass over every product, per row: the weights' reads amortised away)."]
     pr = r.get("specserve_process") or {}
     if "load_s" in pr:

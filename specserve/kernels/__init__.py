@@ -10,8 +10,11 @@ If the compiler or AVX2 is missing, `available()` is False and callers use dense
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
+import functools
 import hashlib
+import mmap
 import os
 import sys
 import warnings
@@ -256,6 +259,24 @@ class GgufWeight:
         return sum(r.numel() for r in self.raws)
 
 
+def _drop_pages(t: torch.Tensor) -> None:
+    """Let the kernel take back the whole pages under t, a read-only view of the mmap'd model file: they
+    leave this process's RSS (a later read faults them in again from the page cache). Without it a
+    packed model would count its file twice."""
+    page = mmap.PAGESIZE
+    start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    first, last = -(-start // page) * page, end // page * page
+    if last > first:
+        _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), 4)  # MADV_DONTNEED
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
 class Int8Weight:
     """A [N, K] weight in GGUF blocks for the int8-activation mode (q8_matmul.cpp): each segment (q, k and
     v of a layer, each in its own type) regrouped once by q8_pack into groups of 16 output columns, the
@@ -274,6 +295,9 @@ class Int8Weight:
         types = [GGML_TYPE_IDS[t] for t in self.type_names]
         self.meta = torch.tensor([[t, w.shape[0]] for t, w in zip(types, weights)], dtype=torch.int32)
         self.packed = [_ext.q8_pack(r, t, k) for r, t in zip(self.raws, types)]
+        if _ext.q8_kernel_vnni():  # the file's pages were read once, to pack: give them back (see _drop_pages)
+            for r in self.raws:
+                _drop_pages(r)
 
     @staticmethod
     def supports(type_name: str) -> bool:
