@@ -259,10 +259,18 @@ class GgufWeight:
         return sum(r.numel() for r in self.raws)
 
 
+def _file_backed(a: np.ndarray) -> bool:
+    """Whether a is a view of an mmap'd file (loading/gguf_file.py maps the model read-only)."""
+    while a is not None and not isinstance(a, mmap.mmap):
+        a = a.obj if isinstance(a, memoryview) else getattr(a, "base", None)  # np.frombuffer's base: a memoryview
+    return isinstance(a, mmap.mmap)
+
+
 def _drop_pages(t: torch.Tensor) -> None:
-    """Let the kernel take back the whole pages under t, a read-only view of the mmap'd model file: they
-    leave this process's RSS (a later read faults them in again from the page cache). Without it a
-    packed model would count its file twice."""
+    """Let the kernel take back the whole pages under t, a view of a read-only file mapping (only
+    those: on anonymous memory MADV_DONTNEED would zero them): they leave this process's RSS, and a
+    later read faults them in again from the page cache. Without it a packed model would count its
+    file twice."""
     page = mmap.PAGESIZE
     start, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
     first, last = -(-start // page) * page, end // page * page
@@ -296,8 +304,9 @@ class Int8Weight:
         self.meta = torch.tensor([[t, w.shape[0]] for t, w in zip(types, weights)], dtype=torch.int32)
         self.packed = [_ext.q8_pack(r, t, k) for r, t in zip(self.raws, types)]
         if _ext.q8_kernel_vnni():  # the file's pages were read once, to pack: give them back (see _drop_pages)
-            for r in self.raws:
-                _drop_pages(r)
+            for w, r in zip(weights, self.raws):
+                if _file_backed(w.raw):
+                    _drop_pages(r)
 
     @staticmethod
     def supports(type_name: str) -> bool:

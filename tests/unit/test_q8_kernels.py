@@ -99,3 +99,21 @@ def test_zero_rows_and_a_zero_input():
     assert iw.matmul(torch.zeros(0, 256)).shape == (0, 16)
     assert torch.equal(iw.matmul(torch.zeros(2, 256)), torch.zeros(2, 16))
     assert np.isfinite(iw.matmul(torch.full((1, 256), 1e30)).numpy()).all()
+
+
+def test_only_file_mapped_pages_are_given_back(tmp_path):
+    """Packing drops the file's pages from RSS (MADV_DONTNEED); on anonymous memory that would zero the
+    weights, so only views of a file mapping qualify, and their bytes read back unchanged."""
+    import mmap
+
+    from specserve.kernels import _drop_pages, _file_backed
+    data = np.random.default_rng(0).integers(0, 256, 5 * mmap.PAGESIZE, dtype=np.uint8)
+    path = tmp_path / "blocks.bin"
+    path.write_bytes(data.tobytes())
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = np.frombuffer(mm, dtype=np.uint8, count=4 * mmap.PAGESIZE, offset=100).reshape(4, -1)
+    assert _file_backed(view) and _file_backed(view[1:])
+    assert not _file_backed(data) and not _file_backed(view.copy())
+    _drop_pages(torch.frombuffer(mm, dtype=torch.uint8))
+    assert np.array_equal(view.reshape(-1), data[100:100 + 4 * mmap.PAGESIZE])
