@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 SOURCES = ("block_matmul.cpp", "block_matmul_avx512.cpp", "block_matmul_amx.cpp", "gguf_matmul.cpp",
-           "gguf_matmul_avx512.cpp", "q8_matmul.cpp", "q8_matmul_avx512.cpp", "elementwise.cpp", "attention.cpp", "decoder_layer.cpp")
+           "gguf_matmul_avx512.cpp", "q8_matmul.cpp", "q8_matmul_avx2.cpp", "q8_matmul_avx512.cpp", "elementwise.cpp", "attention.cpp", "decoder_layer.cpp")
 _ext = None
 _tried = False
 
@@ -288,8 +288,8 @@ def _libc():
 class Int8Weight:
     """A [N, K] weight in GGUF blocks for the int8-activation mode (q8_matmul.cpp): each segment (q, k and
     v of a layer, each in its own type) regrouped once by q8_pack into groups of 16 output columns, the
-    same bytes per block as the file. The file's blocks stay beside it (views of the mmap, untouched):
-    CPUs without AVX-512 VNNI run the plain reference over them."""
+    same bytes per block as the file, run by the AVX-512 VNNI build or the AVX2 one. The file's blocks
+    stay beside it (views of the mmap, untouched), for the plain reference."""
 
     def __init__(self, weights: list):
         from ..loading.gguf_file import GGML_TYPE_IDS
@@ -303,7 +303,7 @@ class Int8Weight:
         types = [GGML_TYPE_IDS[t] for t in self.type_names]
         self.meta = torch.tensor([[t, w.shape[0]] for t, w in zip(types, weights)], dtype=torch.int32)
         self.packed = [_ext.q8_pack(r, t, k) for r, t in zip(self.raws, types)]
-        if _ext.q8_kernel_vnni():  # the file's pages were read once, to pack: give them back (see _drop_pages)
+        if _ext.q8_kernel_build() != "reference":  # the file's pages were read once, to pack: give them back
             for w, r in zip(weights, self.raws):
                 if _file_backed(w.raw):
                     _drop_pages(r)

@@ -53,8 +53,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_pack", &q8_pack, "regroup a GGUF tensor's blocks for the int8-activation build (16 columns a group)");
   m.def("q8_linear", &q8_linear, "y = x @ W^T with x quantised to 8 bits per 32 values (Int8Weight parts)");
   m.def("q8_reference", &q8_reference, "q8_linear's formula, plainly, over the file's own blocks");
-  m.def("q8_kernel_vnni", &q8_kernel_vnni, "whether q8_linear uses its VNNI build; pass a bool to switch",
-        py::arg("enable") = py::none());
+  m.def("q8_kernel_build", &q8_kernel_build, "q8_linear's build (vnni, avx2, reference); pass a name to switch",
+        py::arg("want") = py::none());
   m.def("block_linear", &block_linear, "a blocked weight's product on the build that suits the pass");
   m.def("rms_norm", &rms_norm, "(x += residual); w * x / rms(x)");
   m.def("rope_", &rope_, "rotate-half RoPE in place on the first heads of qkv rows");

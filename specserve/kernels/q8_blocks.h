@@ -131,8 +131,10 @@ struct PCall {
   int64_t M, K, N;
 };
 
-// The VNNI build over groups g0 .. g1-1 of segment i (q8_matmul_avx512.cpp).
+// The builds over groups g0 .. g1-1 of segment i: AVX-512 VNNI (q8_matmul_avx512.cpp) and AVX2
+// (q8_matmul_avx2.cpp).
 void run_vnni(const PCall& c, int seg, int64_t g0, int64_t g1);
+void run_avx2(const PCall& c, int seg, int64_t g0, int64_t g1);
 bool cpu_has_vnni();
 
 }  // namespace q8

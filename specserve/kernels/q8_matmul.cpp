@@ -1,6 +1,5 @@
 // y = x @ W^T with 8-bit activations (the opt-in int8 mode; the formula is in q8_blocks.h): the packer,
-// the plain reference over the file's own blocks (also the build for CPUs without AVX-512 VNNI), and
-// the entry point that picks the build.
+// the plain reference over the file's own blocks, and the entry point that picks the build.
 #include "ops.h"
 #include "q8_blocks.h"
 
@@ -123,9 +122,10 @@ float reference_one(int t, const uint8_t* row, const Acts& a, int64_t r, int64_t
   return y;
 }
 
-bool& use_vnni() {
-  static bool on = cpu_has_vnni();
-  return on;
+// Which build q8_linear runs: "vnni" where the CPU has AVX-512 VNNI, else "avx2"; "reference" on request.
+std::string& build() {
+  static std::string b = cpu_has_vnni() ? "vnni" : "avx2";
+  return b;
 }
 
 }  // namespace
@@ -199,9 +199,12 @@ torch::Tensor q8_reference(torch::Tensor x, const std::vector<torch::Tensor>& ra
   return y;
 }
 
-bool q8_kernel_vnni(c10::optional<bool> enable) {
-  if (enable) q8::use_vnni() = *enable && q8::cpu_has_vnni();
-  return q8::use_vnni();
+std::string q8_kernel_build(c10::optional<std::string> want) {
+  if (want) {
+    TORCH_CHECK(*want == "vnni" || *want == "avx2" || *want == "reference", "q8 builds: vnni, avx2, reference");
+    if (*want != "vnni" || q8::cpu_has_vnni()) q8::build() = *want;
+  }
+  return q8::build();
 }
 
 torch::Tensor q8_linear(torch::Tensor x, const std::vector<torch::Tensor>& w) {
@@ -213,7 +216,8 @@ torch::Tensor q8_linear(torch::Tensor x, const std::vector<torch::Tensor>& w) {
   TORCH_CHECK(meta.scalar_type() == torch::kInt32 && meta.dim() == 2 && static_cast<int64_t>(w.size()) == 2 * k + 1,
               "int8 activations: parts are [packed..., raw..., meta]");
   const int32_t* m = meta.data_ptr<int32_t>();
-  if (!q8::use_vnni()) {
+  const std::string& build = q8::build();
+  if (build == "reference") {
     std::vector<int64_t> types(k);
     for (int64_t i = 0; i < k; ++i) types[i] = m[2 * i];
     return q8_reference(x, std::vector<torch::Tensor>(w.begin() + k, w.end() - 1), types);
@@ -243,7 +247,7 @@ torch::Tensor q8_linear(torch::Tensor x, const std::vector<torch::Tensor>& w) {
     int64_t start = 0;
     for (int i = 0; i < static_cast<int>(segs.size()); ++i) {
       const int64_t lo = std::max(a, start), hi = std::min(b, group_end[i]);
-      if (lo < hi) q8::run_vnni(call, i, lo - start, hi - start);
+      if (lo < hi) (build == "vnni" ? q8::run_vnni : q8::run_avx2)(call, i, lo - start, hi - start);
       start = group_end[i];
     }
   });

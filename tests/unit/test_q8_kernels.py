@@ -1,5 +1,5 @@
 """Int8 activations (q8_matmul.cpp, issue 37) on random blocks of every GGUF type, at the widths real
-models have: the VNNI build gives the bits of the plain reference of the same quantisation; both stay
+models have: the VNNI and AVX2 builds give the bits of the plain reference of the same quantisation; both stay
 within the quantisation's own error bound of the dense fp32 product; a row's bits do not depend on the
 rows beside it; stacked segments equal their parts."""
 import numpy as np
@@ -16,12 +16,16 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason="no compiler / A
 TYPES = list(kernels.GGUF_TYPES)
 
 
-@pytest.fixture
-def vnni():
+@pytest.fixture(params=["avx2", "vnni"])
+def build(request):
+    """q8_linear switched to one build for the test (the CPU's own choice restored after)."""
     ext = kernels.ext()
-    if not ext.q8_kernel_vnni():
-        pytest.skip("this CPU has no AVX-512 VNNI: q8_linear runs the reference itself")
-    return ext
+    before = ext.q8_kernel_build()
+    if ext.q8_kernel_build(request.param) != request.param:
+        ext.q8_kernel_build(before)
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    yield request.param
+    ext.q8_kernel_build(before)
 
 
 def quantisation_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -35,7 +39,7 @@ def quantisation_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("M", [1, 3, 8, 9, 20])
-def test_vnni_build_gives_the_references_bits(type_name, M, vnni):
+def test_each_build_gives_the_references_bits(type_name, M, build):
     for k in widths(type_name):
         iw = kernels.Int8Weight([weight(type_name, 37, k)])  # 37 columns: a padded group of 16
         x = torch.randn(M, k) * torch.rand(1, k) * 3  # blocks of unequal scale
@@ -68,8 +72,7 @@ def test_the_reference_is_the_stated_formula():
 
 
 @pytest.mark.parametrize("type_name", TYPES)
-def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(type_name):
-    """(The VNNI build where the CPU has it, else the reference: whichever q8_linear runs here.)"""
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(type_name, build):
     k = widths(type_name)[-1]
     iw = kernels.Int8Weight([weight(type_name, 40, k)])
     x = torch.randn(19, k)
@@ -79,7 +82,7 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(type_name):
     assert torch.equal(iw.matmul(x[5:13].clone()), full[5:13])
 
 
-def test_mixed_segments_stack_their_products():
+def test_mixed_segments_stack_their_products(build):
     parts = [weight("Q4_K", 48, 512, 1), weight("Q6_K", 20, 512, 2), weight("Q5_0", 24, 512, 3), weight("Q8_0", 8, 512, 4)]
     x = torch.randn(5, 512)
     stacked = kernels.Int8Weight(parts).matmul(x)
