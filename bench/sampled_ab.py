@@ -15,7 +15,7 @@ import time
 from specserve import LLM, SamplingParams
 from specserve_bench.humaneval import humaneval_problems
 from specserve_bench.machine import cpu
-from specserve_bench.spec import _chat_prompt
+from specserve_bench.spec import chat_prompt
 
 p = argparse.ArgumentParser()
 p.add_argument("--prompts", type=int, default=6)
@@ -26,7 +26,7 @@ args = p.parse_args()
 
 kw = dict(enable_prefix_caching=False)
 engines = {"RD": LLM(**kw), "spec": LLM(speculative={"method": "draft", "policy": "bass"}, **kw)}
-ids = [_chat_prompt(engines["RD"], q) for q in humaneval_problems()[:args.prompts]]
+ids = [chat_prompt(engines["RD"], q) for q in humaneval_problems()[:args.prompts]]
 rows = []
 for seeded in (True, False):
     for n in (int(b) for b in args.batches.split(",")):

@@ -54,6 +54,9 @@ class ModelConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.activations not in ACTIVATIONS:
             raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {self.activations!r}")
+        if self.activations == "int8" and (self.device != "cpu" or self.dtype not in ("auto", "float32") or not self.block_kernels):
+            raise ValueError("int8 activations are the CPU block kernels' mode: use them with --device cpu, "
+                             "float32 and the block kernels on")
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
         if self.num_threads is not None:

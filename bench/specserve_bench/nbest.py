@@ -22,7 +22,7 @@ from specserve.types import SamplingParams
 from .humaneval import humaneval_problems
 from .machine import cpu
 from .output import write_results
-from .spec import _chat_prompt, extract_code, passes
+from .spec import chat_prompt, extract_code, passes
 
 SEED = 1234
 
@@ -52,7 +52,7 @@ def run_nbest_bench(args) -> dict:
     engines = {"regular": LLM(**kw), "speculative": LLM(speculative=spec_cfg, **kw)}
     problems = humaneval_problems()[:args.problems]
     batches = [int(x) for x in args.batch_sizes.split(",")]
-    prompts = [_chat_prompt(engines["regular"], p) for p in problems]
+    prompts = [chat_prompt(engines["regular"], p) for p in problems]
     for llm in engines.values():  # warm-up: kernels, the draft, the cost model's first steps
         llm.generate(prompts[0], SamplingParams(n=2, temperature=0.8, seed=0, max_tokens=16))
         if llm.engine.speculator is not None:

@@ -123,7 +123,7 @@ def _compare(rd: LLM, spec: LLM, problems: list[dict], batch: int, rounds: int, 
             "identical_to_rd": identical if params.greedy else None, **_spec_metrics(spec)}
 
 
-def _chat_prompt(llm: LLM, problem: dict) -> list[int]:
+def chat_prompt(llm: LLM, problem: dict) -> list[int]:
     """The instruct model writes markdown, so HumanEval's raw completion format scores 0 on it; asked in
     its chat template for the whole function in a code block, it solves some."""
     msg = [{"role": "user", "content": "Complete the following Python function. Reply with the whole function "
@@ -148,7 +148,7 @@ def _pass_at_1(llm: LLM, problems: list[dict], batch: int, max_tokens: int, bar)
     passed, t0, tokens = 0, time.perf_counter(), 0
     for i in range(0, len(problems), batch):
         chunk = problems[i:i + batch]
-        outs = llm.generate([_chat_prompt(llm, p) for p in chunk], params)
+        outs = llm.generate([chat_prompt(llm, p) for p in chunk], params)
         for p, o in zip(chunk, outs):
             tokens += len(o.outputs[0].token_ids)
             passed += passes(p, o.outputs[0].text)

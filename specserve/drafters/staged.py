@@ -30,6 +30,8 @@ from typing import Optional
 
 import torch
 
+from ..loading import resolve_model_path
+from ..registry import MODELS
 from ..sampling.sampler import draw, warp_logits
 from ..types import Draft, Request, SamplingParams
 from .base import Drafter, DrafterContext, Proposal
@@ -67,6 +69,8 @@ def _model_stage(name: str, spec, ctx: DrafterContext) -> DraftModelDrafter:
         path = spec.draft_model or default_draft_path(ctx.target_path)
     else:
         path = name
+    if not os.path.exists(path) and path in MODELS:  # a known model's name, as --model takes it (pulled if needed)
+        path = resolve_model_path(path)
     if not os.path.exists(path):
         raise ValueError(f"stage {name!r}: no such model file or directory (a stage is one of "
                          f"{', '.join(MODEL_STAGES + FREE_STAGES)}, or a model path)")

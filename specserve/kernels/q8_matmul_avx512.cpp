@@ -14,7 +14,7 @@ namespace q8 {
 namespace {
 
 constexpr int MAX_TILE_ROWS = 8;
-constexpr int64_t PREFETCH_BYTES = 4096;  // 2-16 KB all alike; none: 36 GB/s, 4 KB: 64 GB/s (docs/decisions.md#q8-prefetch)
+constexpr int64_t PREFETCH_BYTES = 4096;  // docs/decisions.md#q8-prefetch
 
 inline __m512i load(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline __m512 halfs(const uint8_t* p) {  // 16 fp16 scales, one per column

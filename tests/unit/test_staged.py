@@ -4,6 +4,7 @@ checked over 3 x 10^4 draft chains of a stage whose q is a known Markov chain; a
 after a rejected proposal taken from q itself) makes the check fail. Greedy drafts are the stage's
 argmax chain, and each round's KV bookkeeping keeps only rows computed on kept tokens."""
 
+import pytest
 import torch
 
 from specserve.drafters import staged
@@ -139,3 +140,23 @@ def test_a_stage_is_run_through_its_public_methods_only():
     calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     assert "isinstance" not in calls
     assert not {"kv", "proposed_at", "picker"} & {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+
+
+def test_a_stage_may_be_a_known_models_name(monkeypatch):
+    """--stages draft with --draft-model qwen2.5-coder-0.5b (a name, as --model takes it), or the name as
+    a stage itself: resolved through the model registry (pulled if needed), not refused as a missing path."""
+    from types import SimpleNamespace
+
+    from specserve.drafters import staged
+    from specserve.registry import MODELS
+    name = MODELS.names()[0]
+    seen = []
+    monkeypatch.setattr(staged, "resolve_model_path", lambda m: seen.append(m) or __file__)
+    monkeypatch.setattr(staged, "_is_eagle", lambda p: False)
+    monkeypatch.setattr(staged, "load_model_drafter", lambda p, ctx: ("loaded", p))
+    ctx = SimpleNamespace(target_path="unused")
+    assert staged._model_stage("draft", SimpleNamespace(draft_model=name), ctx) == ("loaded", __file__)
+    assert staged._model_stage(name, SimpleNamespace(draft_model=None), ctx) == ("loaded", __file__)
+    assert seen == [name, name]
+    with pytest.raises(ValueError, match="no such model"):
+        staged._model_stage("no-such-model", SimpleNamespace(draft_model=None), ctx)
