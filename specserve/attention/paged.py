@@ -48,6 +48,9 @@ class AttentionMetadata:
     # per sequence None (a causal span) or a tree over its last L >= q_len KV rows (the queries are the
     # last q_len of them): each tree row's parent row, -1 for a row under the context directly
     span_parents: Optional[list[Optional[list[int]]]] = None
+    # the longest span the paged kernel serves; longer ones (prompt chunks) go to SDPA unless the caller
+    # needs every row attended in one fixed order whatever the chunking (the int8 mode: runner.py)
+    paged_max_q: Optional[int] = None  # None: PAGED_KERNEL_MAX_Q
     _sdpa: dict = field(default_factory=dict, repr=False)  # window -> sdpa_fields
     _paged: Optional[tuple] = field(default=None, repr=False)
     _groups: Optional[list] = field(default=None, repr=False)
@@ -61,13 +64,18 @@ class AttentionMetadata:
         return max(self.q_lens)
 
     @property
+    def paged_limit(self) -> int:
+        return PAGED_KERNEL_MAX_Q if self.paged_max_q is None else self.paged_max_q
+
+    @property
     def has_trees(self) -> bool:
         return self.span_parents is not None and any(p is not None for p in self.span_parents)
 
     @classmethod
     def build(cls, q_lens: list[int], kv_lens: list[int], block_tables: list[list[int]], block_size: int,
               device: torch.device, mode: str = "split",
-              span_parents: Optional[list[Optional[list[int]]]] = None) -> "AttentionMetadata":
+              span_parents: Optional[list[Optional[list[int]]]] = None,
+              paged_max_q: Optional[int] = None) -> "AttentionMetadata":
         if span_parents is not None:
             for q, k, par in zip(q_lens, kv_lens, span_parents):
                 if par is not None and (not q <= len(par) <= k or any(not -1 <= a < r for r, a in enumerate(par))):
@@ -79,18 +87,18 @@ class AttentionMetadata:
             slots.extend(table[p // block_size] * block_size + p % block_size for p in range(k - q, k))
         slot_mapping = torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True)
         return cls(list(q_lens), list(kv_lens), block_tables, block_size, device, slot_mapping, mode,
-                   None if span_parents is None else list(span_parents))
+                   None if span_parents is None else list(span_parents), paged_max_q)
 
     @property
     def use_paged_kernel(self) -> bool:
         """SPLIT with short spans on the fp32 CPU path: the C++ kernel (also used by the fused layer)."""
-        return self.mode == "split" and self.max_q_len <= PAGED_KERNEL_MAX_Q and self.device.type == "cpu" \
+        return self.mode == "split" and self.max_q_len <= self.paged_limit and self.device.type == "cpu" \
             and kernels.available()
 
     def span_groups(self) -> Optional[list[tuple["AttentionMetadata", torch.Tensor]]]:
         """[(short spans' metadata, their token rows), (long spans', theirs)] when the batch mixes spans
         of at most PAGED_KERNEL_MAX_Q tokens with longer ones; None otherwise."""
-        short = [i for i, q in enumerate(self.q_lens) if q <= PAGED_KERNEL_MAX_Q]
+        short = [i for i, q in enumerate(self.q_lens) if q <= self.paged_limit]
         if not short or len(short) == self.num_seqs:
             return None
         if self._groups is None:
@@ -98,12 +106,13 @@ class AttentionMetadata:
             for q in self.q_lens:
                 starts.append(starts[-1] + q)
             groups = []
-            for seqs in (short, [i for i in range(self.num_seqs) if self.q_lens[i] > PAGED_KERNEL_MAX_Q]):
+            for seqs in (short, [i for i in range(self.num_seqs) if self.q_lens[i] > self.paged_limit]):
                 rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in seqs]).to(self.device)
                 sub = AttentionMetadata([self.q_lens[i] for i in seqs], [self.kv_lens[i] for i in seqs],
                                         [self.block_tables[i] for i in seqs], self.block_size, self.device,
                                         self.slot_mapping[rows], self.mode,
-                                        None if self.span_parents is None else [self.span_parents[i] for i in seqs])
+                                        None if self.span_parents is None else [self.span_parents[i] for i in seqs],
+                                        self.paged_max_q)
                 groups.append((sub, rows))
             self._groups = groups
         return self._groups
@@ -219,8 +228,8 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta:
         tables, q_starts, q_lens, kv_lens, span_lens, tree_mask = meta.paged_fields()
         return kernels.ext().paged_attention(q.contiguous(), k_cache, v_cache, tables, q_starts, q_lens, kv_lens,
                                              meta.block_size, scale, span_lens, tree_mask, window)
-    if meta.num_seqs > 1 and (meta.mode == "split" and meta.max_q_len <= PAGED_KERNEL_MAX_Q
-                              or q.device.type == "cpu" and meta.max_q_len > PAGED_KERNEL_MAX_Q):
+    if meta.num_seqs > 1 and (meta.mode == "split" and meta.max_q_len <= meta.paged_limit
+                              or q.device.type == "cpu" and meta.max_q_len > meta.paged_limit):
         # Prompt chunks on CPU too: one SDPA call per sequence, so a prompt's keys and values do not
         # depend on the prompts beside it (the padded batch's kernel blocks over the longest one). The
         # int8 mode needs it: a last-bit difference can move an activation's 8-bit rounding.

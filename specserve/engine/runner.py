@@ -2,6 +2,7 @@
 the logits to sample from and, for every scheduled request, which rows are its own."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -57,6 +58,10 @@ class ModelRunner:
         self.device = device
         self.attention = attention
         self.plain_attention = plain_attention or attention
+        # int8 activations turn a last-bit difference into a different 8-bit rounding, so prompt chunks
+        # too go to the paged kernel, which attends each row to its keys in one order however the
+        # prompt was chunked (SDPA's blocking follows the chunk): a prompt's KV never depends on it
+        self.paged_max_q = sys.maxsize if model.activations == "int8" else None  # None: the default
 
     def execute(self, scheduled: list[ScheduledRequest], return_hidden: bool = False) -> StepOutput:
         return self.run_eager(scheduled, self.layout(scheduled), return_hidden)
@@ -108,7 +113,8 @@ class ModelRunner:
         dev = self.device
         mode = self.attention if any(s.num_draft_tokens for s in scheduled) else self.plain_attention
         meta = AttentionMetadata.build(q_lens, kv_lens, tables, self.kv.block_size, dev, mode=mode,
-                                       span_parents=trees if any(t is not None for t in trees) else None)
+                                       span_parents=trees if any(t is not None for t in trees) else None,
+                                       paged_max_q=self.paged_max_q)
         out = self.model.forward(
             torch.tensor(token_ids, dtype=torch.long, device=dev),
             torch.tensor(positions, dtype=torch.long, device=dev),

@@ -56,3 +56,13 @@ def test_the_mode_stays_close_to_fp32(embedded_llm, reference):
     fp32 = [embedded_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
     agree = sum(a[:8] == b[:8] for a, b in zip(fp32, reference))
     assert agree >= len(PROMPTS) // 2, agree
+
+
+def test_a_prompts_chunking_changes_no_token(reference):
+    """Prompt chunks run on the paged kernel in this mode: each row attends its keys in one order however
+    the prompt was cut (SDPA's blocking follows the chunk, and 8-bit rounding would amplify its last
+    bits), so chunks of 48 give the tokens of one-at-a-time whole prompts (on SDPA they did not: 6 of 16 differed)."""
+    llm = LLM(activations="int8", kv_cache_gib=0.25, max_num_seqs=16, prefill_chunk=48)
+    assert llm.engine.runner.paged_max_q > max(len(llm.tokenizer.encode(p)) for p in PROMPTS)
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == reference
