@@ -81,7 +81,8 @@ class LLMEngine:
         # fused layer, so falling back could not get back to regular decoding's speed
         # (docs/decisions.md#plain-attention)
         plain = SpeculativeConfig().resolved_attention(mc.device)
-        self.runner = ModelRunner(self.model, self.kv, self.device, attention=attention, plain_attention=plain)
+        self.runner = ModelRunner(self.model, self.kv, self.device, attention=attention, plain_attention=plain,
+                                  exact_prompts=mc.activations == "int8")
         if self.device.type == "cuda" and mc.cuda_graphs:
             self.runner = _graph_runner(self.runner, config, self.max_model_len)
         self.speculator: Optional[SpeculativeDecoder] = None

@@ -50,9 +50,10 @@ class StepLayout:
 
 class ModelRunner:
     def __init__(self, model, kv_cache: KVCache, device: torch.device, attention: str = "split",
-                 plain_attention: Optional[str] = None):
+                 plain_attention: Optional[str] = None, exact_prompts: bool = False):
         """attention: how steps with drafts batch their ragged verify spans ("split" | "pad");
-        plain_attention: steps without drafts (default: the same)."""
+        plain_attention: steps without drafts (default: the same); exact_prompts: prompt chunks too on
+        the paged kernel (the int8 mode, below)."""
         self.model = model
         self.kv = kv_cache
         self.device = device
@@ -61,7 +62,7 @@ class ModelRunner:
         # int8 activations turn a last-bit difference into a different 8-bit rounding, so prompt chunks
         # too go to the paged kernel, which attends each row to its keys in one order however the
         # prompt was chunked (SDPA's blocking follows the chunk): a prompt's KV never depends on it
-        self.paged_max_q = sys.maxsize if model.activations == "int8" else None  # None: the default
+        self.paged_max_q = sys.maxsize if exact_prompts else None  # None: the default
 
     def execute(self, scheduled: list[ScheduledRequest], return_hidden: bool = False) -> StepOutput:
         return self.run_eager(scheduled, self.layout(scheduled), return_hidden)
