@@ -320,34 +320,39 @@ def stage_smollm(args, rec) -> None:
     if args.only == "profile":
         stage_profile(args, rec, kw, texts)
         return
-    with rec.section("smollm.bf16_graph.load"):
+    dt = args.spec_dtype if args.only == "spec" else "bfloat16"
+    dtag = "bf16" if dt == "bfloat16" else "fp32"
+    with rec.section(f"smollm.{dtag}_graph.load"):
         t0 = time.perf_counter()
-        llm = LLM(dtype="bfloat16", **kw)
+        llm = LLM(dtype=dt, **kw)
         prompts = [llm.tokenizer.encode(t) for t in texts]  # token ids: the HF peers get the very same
-        rec.put("smollm", "bf16_graph_load_s", time.perf_counter() - t0)
-        rec.put("smollm", "bf16_capture_s", getattr(llm.engine.runner, "capture_s", None))
+        rec.put("smollm", f"{dtag}_graph_load_s", time.perf_counter() - t0)
+        rec.put("smollm", f"{dtag}_capture_s", getattr(llm.engine.runner, "capture_s", None))
         rec.put("smollm", "runner", type(llm.engine.runner).__name__)
-    if args.only == "spec":  # speculation's draft lengths against regular decoding, bf16, same run
-        sweep("bf16_graph", llm, [1, batches[1]])
+    if args.only == "spec":  # speculation's draft lengths and trees against regular decoding, same run
+        sweep(f"{dtag}_graph", llm, [1, batches[1]])
         del llm
         free()
-        variants = [("auto", {"fallback": True})] + [(f"k{k}", {"fallback": False, "policy": "fixed", "draft_len": k})
-                                                    for k in args.spec_lens]
-        for name, opts in variants:
-            tag = f"bf16_spec_{name}"
+        variants = [("auto", {"fallback": True}, True)] + [
+            (f"k{k}", {"fallback": False, "policy": "fixed", "draft_len": k}, True) for k in args.spec_lens]
+        for d in args.tree_depths:  # --spec-eager: the same trees without graphs (is a difference the graphs'?)
+            tree = {"fallback": False, "policy": "fixed", "draft_len": d, "shape": "tree"}
+            variants += [(f"tree_d{d}", tree, True)] + ([(f"tree_d{d}_eager", tree, False)] if args.spec_eager else [])
+        for name, opts, graphs in variants:
+            tag = f"{dtag}_spec_{name}"
             with rec.section(f"smollm.{tag}"):
-                llm = LLM(dtype="bfloat16", **dict(kw, speculative={"method": "draft", **opts}))
+                llm = LLM(dtype=dt, cuda_graphs=graphs, **dict(kw, speculative={"method": "draft", **opts}))
                 sweep(tag, llm, [1, batches[1]])
                 st = llm.spec_stats()
                 rec.put("smollm", f"{tag}_stats", {k: st.get(k) for k in ("alpha", "c", "spec_steps", "drafted", "accepted")})
                 del llm
                 free()
             for b in (1, batches[1]):
-                reg, spec = regular.get(("bf16_graph", b)), regular.get((tag, b))
+                reg, spec = regular.get((f"{dtag}_graph", b)), regular.get((tag, b))
                 if reg and spec:
                     rec.put("smollm", f"{tag}_identical_b{b}", f"{sum(a == c for a, c in zip(reg, spec))}/{len(reg)}")
                     rec.put("smollm", f"{tag}_speedup_b{b}",
-                            rec.get("smollm", f"bf16_graph_b{b}_ms") / rec.get("smollm", f"{tag}_b{b}_ms"))
+                            rec.get("smollm", f"{dtag}_graph_b{b}_ms") / rec.get("smollm", f"{tag}_b{b}_ms"))
         return
     sweep("bf16_graph", llm, batches)
     rec.put("smollm", "bf16_graph_steps", graph_counts(llm))
@@ -641,10 +646,14 @@ def main(argv=None) -> int:
     p.add_argument("--only", choices=["spec", "profile"],
                    help="smollm: only speculation's variants against regular decoding, or only the profile of both")
     p.add_argument("--spec-lens", default="2,3,4", help="with --only spec: fixed draft lengths to run")
+    p.add_argument("--tree-depths", default="", help="with --only spec: EAGLE token trees (15 nodes) of these depths")
+    p.add_argument("--spec-dtype", default="bfloat16", choices=["bfloat16", "float32"], help="with --only spec")
+    p.add_argument("--spec-eager", action="store_true", help="with --only spec: trees without graphs too")
     p.add_argument("--compile-batches", default="1", help="batch sizes for HF static cache + torch.compile")
     args = p.parse_args(argv)
     args.compile_batches = [int(b) for b in args.compile_batches.split(",") if b]
     args.spec_lens = [int(k) for k in args.spec_lens.split(",") if k]
+    args.tree_depths = [int(d) for d in args.tree_depths.split(",") if d]
     if args.dry_run:
         args.prompt_len = 12
     os.makedirs(args.out, exist_ok=True)
