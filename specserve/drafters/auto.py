@@ -31,12 +31,14 @@ PRIOR_ALPHA, PRIOR_WEIGHT, DECAY = 0.6, 10.0, 0.995
 
 
 def build(spec, ctx: DrafterContext) -> Drafter:
-    """"auto": lookup and suffix drafting, the draft model where it promises more."""
+    """"auto": lookup and suffix drafting, the draft model where it promises more; without a draft model
+    (none given and none ships for the target), lookup and suffix drafting alone."""
     from . import draft_model
     from .prompt_lookup import PromptLookupDrafter
     from .suffix import SuffixDrafter
     free = [PromptLookupDrafter(spec.lookup_max_ngram, min_ngram=2), SuffixDrafter(max_nodes=spec.tree_max_nodes)]
-    return AutoDrafter(free, draft_model.build(spec, ctx))
+    has_model = spec.draft_model is not None or draft_model.ships_for(ctx.target_path)
+    return AutoDrafter(free, draft_model.build(spec, ctx) if has_model else None)
 
 
 def build_lookup_first(spec, ctx: DrafterContext) -> Drafter:
@@ -78,11 +80,11 @@ RULES: dict[str, Callable[[list[Draft], float], list[int]]] = {"expected": most_
 
 
 class AutoDrafter(Drafter):
-    def __init__(self, free: list[Drafter], model: Drafter, rule: str = "expected"):
-        self.free, self.model = free, model
+    def __init__(self, free: list[Drafter], model: Optional[Drafter], rule: str = "expected"):
+        self.free, self.model = free, model  # model None: the free drafters alone
         self.rule = RULES[rule]
-        self.wants_hidden_states = model.wants_hidden_states
-        self.makes_trees = model.makes_trees
+        self.wants_hidden_states = model is not None and model.wants_hidden_states
+        self.makes_trees = model is not None and model.makes_trees
         self.counts = [PRIOR_WEIGHT * PRIOR_ALPHA, PRIOR_WEIGHT]  # model drafts: [accepted, accepted + rejections]
         self.chosen = {"model": 0, "free": 0}  # drafts handed out by kind (for spec_stats)
 
@@ -104,6 +106,8 @@ class AutoDrafter(Drafter):
         a = self.model_alpha
         model_expects = sum(a ** j for j in range(1, max_len + 1))
         need = self.rule(drafts, model_expects)
+        if self.model is None:
+            need = []
         self.chosen["free"] += sum(1 for i, d in enumerate(drafts) if d.tokens and i not in need)
         if not need:
             return Proposal(drafts)
@@ -119,7 +123,7 @@ class AutoDrafter(Drafter):
 
     def on_verified(self, request: Request, draft: Draft, accepted: int) -> None:
         """The model's drafts update the model's measured acceptance; each draft goes on to its maker."""
-        if draft.origin == self.model.origin:
+        if self.model is not None and draft.origin == self.model.origin:
             tried = len(draft.tokens)
             self.counts = [DECAY * self.counts[0] + accepted, DECAY * self.counts[1] + accepted + (accepted < tried)]
             self.model.on_verified(request, draft, accepted)
@@ -131,19 +135,25 @@ class AutoDrafter(Drafter):
     def observe(self, request: Request, start: int, hidden, num_accepted: int) -> None:
         for drafter in self.free:
             drafter.observe(request, start, hidden, num_accepted)
-        self.model.observe(request, start, hidden, num_accepted)
+        if self.model is not None:
+            self.model.observe(request, start, hidden, num_accepted)
 
     def release(self, request: Request) -> None:
         for drafter in self.free:
             drafter.release(request)
-        self.model.release(request)
+        if self.model is not None:
+            self.model.release(request)
 
     def fork(self, parent: Request, child: Request) -> None:
-        self.model.fork(parent, child)
+        if self.model is not None:
+            self.model.fork(parent, child)
 
     def report(self) -> dict:
+        if self.model is None:
+            return {"chosen": dict(self.chosen)}
         return {**self.model.report(), "chosen": dict(self.chosen), "model_alpha": self.model_alpha}
 
     def reset_report(self) -> None:
         self.chosen = {"model": 0, "free": 0}
-        self.model.reset_report()
+        if self.model is not None:
+            self.model.reset_report()

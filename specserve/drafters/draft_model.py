@@ -17,6 +17,11 @@ from .common import DraftKV, DraftPicker, autoregressive_drafts
 SHIPPED_DRAFTS = {EMBEDDED_FILE: "smollm2-135m-instruct-eagle"}  # target file name -> draft under specserve/weights
 
 
+def ships_for(target_path: str) -> bool:
+    """Whether a draft ships for this target file (default_draft_path finds one)."""
+    return os.path.basename(target_path) in SHIPPED_DRAFTS
+
+
 def default_draft_path(target_path: str) -> str:
     name = SHIPPED_DRAFTS.get(os.path.basename(target_path))
     if name is None:
@@ -36,10 +41,14 @@ def build(spec, ctx: DrafterContext) -> Drafter:
 
 
 def load_model_drafter(path: str, ctx: DrafterContext) -> "DraftModelDrafter":
-    """A standalone draft model (any model file or directory with the target's tokenizer)."""
+    """A standalone draft model (any model file or directory with the target's tokenizer). The target's
+    own file is not loaded again: the stage runs the loaded target over a KV cache of its own (loading
+    it twice doubled the memory: 2.6 GB for the 1.5B)."""
     from ..loading import load_model_files
     from ..models import build_model
     target = ctx.target
+    if os.path.realpath(path) == os.path.realpath(ctx.target_path):
+        return DraftModelDrafter(target, ctx.num_blocks, ctx.block_size, ctx.attention)
     _, arch, weights, draft_tok = load_model_files(path, keep_quantized=True)
     if draft_tok.fingerprint() != ctx.tokenizer.fingerprint() or arch.vocab_size != target.arch.vocab_size:
         raise ValueError(f"{path}: the draft's tokenizer/vocabulary ({arch.vocab_size} tokens) differs from the "

@@ -1,6 +1,7 @@
 """The step loop: schedule -> run the model -> sample -> append, detokenise, stop, free."""
 from __future__ import annotations
 
+import functools
 import itertools
 import numbers
 import sys
@@ -20,7 +21,7 @@ from ..models import build_model
 from ..sampling.bias import add_logit_bias
 from ..sampling.sampler import make_generator, sample, token_logprobs
 from ..scheduler.scheduler import ScheduledRequest, Scheduler
-from ..speculative import Observed, SpeculativeDecoder, StepResult, VerifiedDraft, calibrate, make_policy, measure_prefill_chunk
+from ..speculative import Calibrator, Observed, SpeculativeDecoder, StepResult, VerifiedDraft, calibrate, make_policy, measure_prefill_chunk
 from ..speculative.verify import Verified, is_seeded, verify
 from ..types import FinishReason, Request, RequestStatus, SamplingParams, TokenOrigin
 from .guided import GuidedDecoding, prune_drafts
@@ -111,9 +112,10 @@ class LLMEngine:
         self.scheduler = Scheduler(blocks, sc.max_num_seqs, sc.max_num_batched_tokens, self.prefill_chunk)
         if spec_config is not None:
             if spec_config.fallback:
-                calibrate(self.speculator.costs, self.model, self.kv, self.scheduler.blocks, attention, plain,
-                          config.scheduler.max_num_batched_tokens,
-                          time_fn=getattr(self.runner, "time_pass", None))
+                self.speculator.calibrator = Calibrator(self.speculator.costs, functools.partial(
+                    calibrate, self.speculator.costs, self.model, self.kv, self.scheduler.blocks, attention, plain,
+                    config.scheduler.max_num_batched_tokens, time_fn=getattr(self.runner, "time_pass", None)))
+                self.speculator.calibrator.take()
         self.guided = GuidedDecoding(self.tokenizer, config.guided.fast_forward)
         self._ids = itertools.count()
         self._live: dict[str, _Live] = {}

@@ -4,7 +4,7 @@ how far to draft (cost_model.py, a table of numbers) and its start-up timing (ca
 a step's sequences draft (choice.py), which draft tokens a step verifies (selection.py), draft-length
 policies (policies.py) and statistics (stats.py).
 Drafting methods themselves live in `specserve.drafters`."""
-from .calibration import calibrate, measure_prefill_chunk, time_pass
+from .calibration import Calibrator, calibrate, measure_prefill_chunk, time_pass
 from .cost_model import CostModel
 from .decoder import DraftingStep, Observed, SpeculativeDecoder, StepResult, VerifiedDraft
 from .policies import DraftLengthPolicy, make_policy
@@ -12,6 +12,6 @@ from .selection import select_drafts
 from .stats import SpecStats
 from .verify import Verified, verify
 
-__all__ = ["CostModel", "DraftLengthPolicy", "DraftingStep", "Observed", "SpecStats", "SpeculativeDecoder",
+__all__ = ["Calibrator", "CostModel", "DraftLengthPolicy", "DraftingStep", "Observed", "SpecStats", "SpeculativeDecoder",
            "StepResult", "Verified", "VerifiedDraft", "calibrate", "make_policy", "measure_prefill_chunk",
            "select_drafts", "time_pass", "verify"]

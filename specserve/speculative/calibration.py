@@ -18,6 +18,7 @@ smallest size whose tokens per second are within `tolerance` of the best measure
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -46,9 +47,17 @@ def time_pass(model, kv, table: list[int], n: int, context: int = 0, mode: str =
     return best
 
 
+# Rows per calibrated pass: powers of two, the cost model interpolating between them and extending the
+# last two's slope beyond (a pass's cost is close to linear in its rows past a few on CPU, flat on a
+# GPU). 48 and 64 rows took 5 of the 8.4 s the 1.5B's calibration took with 12 sizes (issue 40).
+CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32)
+# Retakes when plain steps show the calibration was disturbed (CostModel.calibration_disturbed).
+RETAKES = 2
+
+
 def calibrate(costs: CostModel, model, kv, blocks, attention: str, plain_attention: str, max_rows: int,
-              context: int = 128, rows=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64), time_fn=None) -> None:
-    """Time bare target passes over 1..64 rows once, so the cost model starts from measured numbers
+              context: int = 128, rows=CALIBRATION_ROWS, time_fn=None) -> None:
+    """Time bare target passes over 1..32 rows once, so the cost model starts from measured numbers
     (it keeps measuring while serving). model: the target; kv: its KVCache; blocks: its BlockManager
     (a scratch table is taken and given back); attention: the verify spans' mode, plain_attention:
     one-row steps' (engine/runner.py); max_rows: the scheduler's token budget. time_fn(table, n,
@@ -67,6 +76,30 @@ def calibrate(costs: CostModel, model, kv, blocks, attention: str, plain_attenti
             costs.record_calibration(n, seconds)
     finally:
         blocks.free(table)
+
+
+class Calibrator:
+    """Takes the calibration (`take`), and takes it again, at most RETAKES times, when the steps served
+    since show it was disturbed: a calibration taken while the machine was busy priced every verify
+    row too high and kept drafting off for a whole session (issue 40). run: the calibration itself
+    (calibrate with its arguments bound); a retake happens between steps, when its scratch blocks
+    are free (calibrate skips it otherwise)."""
+
+    def __init__(self, costs: CostModel, run: Callable[[], None]):
+        self.costs, self.run = costs, run
+        self.retakes = 0
+
+    def take(self) -> None:
+        self.costs.reset_calibration()
+        self.run()
+
+    def check(self) -> bool:
+        """After a step: retake the calibration if it looks disturbed; True when it did."""
+        if self.retakes >= RETAKES or not self.costs.calibration_disturbed():
+            return False
+        self.retakes += 1
+        self.take()
+        return True
 
 
 CHUNK_SIZES = (16, 32, 64, 128, 256)  # prompt tokens per timed pass (capped by the step's token budget)

@@ -33,11 +33,13 @@ class CostModel:
         # sequence, seconds of drafting, seconds of the step after drafting], averaged over steps.
         self.yields: dict[tuple[int, str], list[float]] = {}
         self.plain: dict[int, float] = {}  # measured seconds of steps without drafts, by batch size
+        self.plain_steps: dict[int, int] = {}  # how many, by batch size
 
     def record_target(self, rows: int, seconds: float, batch: Optional[int] = None) -> None:
         if batch is not None and rows == batch:  # one row per sequence: a plain decoding step
             old = self.plain.get(batch)
             self.plain[batch] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+            self.plain_steps[batch] = self.plain_steps.get(batch, 0) + 1
         old = self.target.get(rows)
         self.target[rows] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
         if batch is not None and self.calibrated and rows <= max(self.calibrated):  # not prefill-sized steps
@@ -54,6 +56,19 @@ class CostModel:
         cheaper: a measurement below the one before is noise, and would bend the curve."""
         below = [self.calibrated[r] for r in self.calibrated if r < rows]
         self.calibrated[rows] = max([seconds] + below)
+
+    def reset_calibration(self) -> None:
+        """Forget the calibration (before it is taken again) and what was measured against it."""
+        self.calibrated.clear()
+        self.scale.clear()
+
+    def calibration_disturbed(self, min_steps: int = 8, ratio: float = 0.75) -> bool:
+        """Whether plain one-sequence steps (at least min_steps, their moving average) run below `ratio`
+        of the calibrated bare one-row pass. A whole step costs at least its bare pass, so the
+        calibration was taken while the machine was busier than now."""
+        t_cal, t_plain = self.calibrated.get(1), self.plain.get(1)
+        return (t_cal is not None and t_plain is not None and self.plain_steps.get(1, 0) >= min_steps
+                and t_plain < ratio * t_cal)
 
     def step_seconds(self, rows: int, batch: Optional[int] = None) -> Optional[float]:
         """A whole step's seconds with `rows` target rows (over `batch` sequences, when known: then the

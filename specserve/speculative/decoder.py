@@ -27,6 +27,7 @@ import torch
 
 from ..drafters.base import Drafter, Proposal, TreeShape
 from ..types import Draft, DraftBatch, Request, RequestStatus
+from .calibration import Calibrator
 from .choice import SequenceChoice
 from .cost_model import DRAFT_COST_GUESS, CostModel
 from .hierarchy import measured_chain
@@ -99,6 +100,7 @@ class SpeculativeDecoder:
         self.own_policies: dict[str, DraftLengthPolicy] = {}
         # A weak prior so the first steps already weigh drafting against plain decoding.
         self.costs = CostModel(prior_alpha=prior_alpha)
+        self.calibrator: Optional[Calibrator] = None  # set by the engine: the cost model's start-up calibration
         self.stats = SpecStats()
         # After retry plain steps in a row, one drafting step measures again whether drafting pays;
         # retry starts at retry_every and doubles (up to retry_max) while those probes find it does not
@@ -339,6 +341,8 @@ class SpeculativeDecoder:
         """A step's target rows, its seconds after drafting, the target pass's share of them, the
         number of sequences it computed, and of those the decoding ones and the tokens they emitted."""
         self.costs.record_target(rows, seconds, batch)
+        if self.calibrator is not None:
+            self.calibrator.check()
         if self._step is not None:
             # A probe (the first drafting step after plain ones) weighs more: while drafting is off,
             # probes are the only news of a sequence turning predictable again.

@@ -64,6 +64,8 @@ def test_greedy_speculative_equals_regular_decoding(name, reference):
         assert b.outputs[0].token_ids == ref
     stats = llm.spec_stats()
     assert stats["spec_steps"] > 0 and stats["accepted"] > 0  # it really speculated, and some drafts were accepted
+    if CONFIGS[name].get("stages", [None])[0] == "target":  # a stage that is the target runs the loaded one
+        assert llm.engine.speculator.drafter.model.model is llm.engine.model
     if CONFIGS[name].get("shape") == "tree":  # trees that branch were verified (a draft that is a chain is sent as one)
         assert stats["tree_spans"] > 0
     for out in alone + batch8:
@@ -85,6 +87,7 @@ def test_draft_model_drafter_with_the_target_as_its_own_draft_accepts_everything
     must accept every greedy draft, which checks positions, KV and rollback of both caches."""
     llm = LLM(speculative=dict(method="draft", draft_model=embedded_model_path(), policy="fixed", draft_len=3,
                                fallback=False), kv_cache_gib=0.25, max_num_seqs=8)
+    assert llm.engine.speculator.drafter.model is llm.engine.model  # the loaded target, not a second copy
     outs = llm.generate(PROMPTS[:8], GREEDY)
     for ref, out in zip(reference, outs):
         o = out.outputs[0]

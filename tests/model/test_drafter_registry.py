@@ -57,3 +57,22 @@ def test_a_registered_drafter_is_used_by_config_cli_and_engine(toy_registered, t
 def test_an_unregistered_method_fails_with_the_choices():
     with pytest.raises(ValueError, match=r"unknown speculative method 'toy-repeat' \(choose from draft, lookup"):
         SpeculativeConfig(method="toy-repeat")
+
+
+def test_auto_without_a_draft_model_drafts_with_lookup_and_suffix(tmp_path):
+    """`auto` on a target no draft ships for, and none given: lookup and suffix drafting alone (it was
+    refused), and lossless; `draft` itself still asks for a draft model."""
+    path = str(tmp_path / "tiny")
+    make_tiny("llama", path)
+    greedy = SamplingParams(temperature=0, max_tokens=32)
+    prompts = [[5, 6, 7, 8, 5, 6], [9, 40, 3, 9]]
+    ref = [o.outputs[0].token_ids for o in LLM(path, kv_cache_gib=0.01, block_size=4).generate(prompts, greedy)]
+    llm = LLM(path, kv_cache_gib=0.01, block_size=4, speculative={"method": "auto", "fallback": False})
+    assert llm.engine.speculator.drafter.model is None
+    # the second round repeats the first's requests: suffix drafting finds their continuations
+    for _ in range(2):
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)] == ref
+    chosen = llm.engine.speculator.drafter.chosen
+    assert llm.spec_stats()["accepted"] > 0 and chosen["free"] > 0 and chosen["model"] == 0
+    with pytest.raises(ValueError, match="no draft ships"):
+        LLM(path, kv_cache_gib=0.01, block_size=4, speculative={"method": "draft"})

@@ -1,0 +1,50 @@
+"""The cost model's start-up calibration: taken short, and taken again when the steps served since show
+it was disturbed (a busy machine at start-up kept drafting off for a whole session: issue 40)."""
+from specserve.speculative import Calibrator, CostModel
+from specserve.speculative.calibration import RETAKES
+
+
+def curve(model: CostModel, one_row: float) -> None:
+    for rows in (1, 2, 4, 8, 16, 32):
+        model.record_calibration(rows, one_row * (1 + 0.3 * (rows - 1)))
+
+
+def test_a_calibration_above_the_plain_steps_is_disturbed_only_after_enough_steps():
+    c = CostModel()
+    curve(c, 0.040)  # taken busy: 40 ms a bare one-row pass
+    for i in range(7):
+        c.record_target(1, 0.025, batch=1)  # quiet now: 25 ms whole steps
+        assert not c.calibration_disturbed()  # too few steps to trust
+    c.record_target(1, 0.025, batch=1)
+    assert c.calibration_disturbed()
+    quiet = CostModel()
+    curve(quiet, 0.024)
+    for _ in range(20):
+        quiet.record_target(1, 0.025, batch=1)  # a whole step above its bare pass: as it should be
+    assert not quiet.calibration_disturbed()
+    assert not CostModel().calibration_disturbed()  # nothing calibrated, nothing to retake
+
+
+def test_the_calibrator_retakes_a_disturbed_calibration_a_bounded_number_of_times():
+    c = CostModel()
+    one_row = [0.040]  # what the next calibration measures
+
+    def run():
+        curve(c, one_row[0])
+
+    cal = Calibrator(c, run)
+    cal.take()
+    assert c.calibrated[1] == 0.040
+    for _ in range(10):
+        c.record_target(1, 0.025, batch=1)
+    one_row[0] = 0.022  # the machine is quiet at the retake
+    assert cal.check() and cal.retakes == 1
+    assert c.calibrated[1] == 0.022 and c.calibrated[32] < 0.040 * (1 + 0.3 * 31)  # the old curve is gone
+    assert c.scale == {}  # ratios to the old curve went with it
+    assert not cal.check()  # not disturbed any more
+    one_row[0] = 0.5  # a machine so busy that every retake looks disturbed: retakes stop
+    for _ in range(RETAKES + 3):
+        c.reset_calibration()
+        curve(c, 0.5)
+        cal.check()
+    assert cal.retakes == RETAKES
