@@ -185,3 +185,18 @@ def test_draft_with_another_tokenizer_is_refused(tmp_path):
     with pytest.raises(ValueError, match="tokenizer") as e:
         LLM(speculative=dict(method="draft", draft_model=str(tmp_path)), kv_cache_gib=0.1)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_drafts_stop_where_the_request_ends(embedded_llm, shape):
+    """max_tokens=3: the prompt's step gives the first token, so one verify step with one draft token
+    can give the other two; a longer draft would be computed and thrown away."""
+    short = SamplingParams(temperature=0, max_tokens=3)
+    ref = [o.outputs[0].token_ids for o in embedded_llm.generate(PROMPTS[:6], short)]
+    llm = LLM(speculative=dict(method="draft", policy="fixed", draft_len=8, fallback=False, shape=shape),
+              kv_cache_gib=0.25, max_num_seqs=8)
+    outs = llm.generate(PROMPTS[:6], short)
+    assert [o.outputs[0].token_ids for o in outs] == ref
+    width = 1 if shape == "chain" else llm.engine.speculator.tree.top_k  # a tree of depth 1: the root's children
+    assert all(max(o.outputs[0].drafted_per_step, default=0) <= width for o in outs)
+    assert 0 < llm.spec_stats()["drafted"] <= 6 * width

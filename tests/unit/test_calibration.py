@@ -12,7 +12,7 @@ def curve(model: CostModel, one_row: float) -> None:
 def test_a_calibration_above_the_plain_steps_is_disturbed_only_after_enough_steps():
     c = CostModel()
     curve(c, 0.040)  # taken busy: 40 ms a bare one-row pass
-    for i in range(7):
+    for _ in range(7):
         c.record_target(1, 0.025, batch=1)  # quiet now: 25 ms whole steps
         assert not c.calibration_disturbed()  # too few steps to trust
     c.record_target(1, 0.025, batch=1)
