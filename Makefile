@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 
-.PHONY: run test test-all test-browser lint bench clean llamacpp constraints
+.PHONY: run test test-all test-browser lint bench clean llamacpp llamacpp-spec constraints
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(BIN)/python:
@@ -54,6 +54,23 @@ bench: $(DEVSTAMP)
 
 llamacpp: $(DEVSTAMP)
 	$(PIP) -e '.[llamacpp]'
+
+# llama.cpp's own speculative decoding (llama-speculative-simple: a target and a draft model, -md), the
+# peer of `python bench/llamacpp_spec.py`: built from the llama.cpp sources that llama-cpp-python's
+# source package carries (the version `make llamacpp` installs), without curl, tests or the server.
+# About 6 minutes on 2 cores; the binaries land in build/llamacpp/bin.
+LLAMACPP_PY := 0.3.36
+LLAMACPP_SRC := build/llamacpp/llama_cpp_python-$(LLAMACPP_PY)/vendor/llama.cpp
+llamacpp-spec: build/llamacpp/bin/llama-speculative-simple
+
+build/llamacpp/bin/llama-speculative-simple: $(DEVSTAMP)
+	mkdir -p build/llamacpp/bin
+	cd build/llamacpp && $(BIN)/pip download -q --no-binary :all: --no-deps llama-cpp-python==$(LLAMACPP_PY) -d .
+	tar xzf build/llamacpp/llama_cpp_python-$(LLAMACPP_PY).tar.gz -C build/llamacpp
+	cmake -S $(LLAMACPP_SRC) -B build/llamacpp/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF
+	cmake --build build/llamacpp/build --target llama-speculative-simple -j2
+	cp build/llamacpp/build/bin/llama-speculative-simple build/llamacpp/bin/
 
 clean:
 	rm -rf $(VENV) build *.egg-info
