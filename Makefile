@@ -65,7 +65,7 @@ llamacpp-spec: build/llamacpp/bin/llama-speculative-simple
 
 build/llamacpp/bin/llama-speculative-simple: $(DEVSTAMP)
 	mkdir -p build/llamacpp/bin
-	cd build/llamacpp && $(BIN)/pip download -q --no-binary :all: --no-deps llama-cpp-python==$(LLAMACPP_PY) -d .
+	$(BIN)/pip download -q --no-binary :all: --no-deps llama-cpp-python==$(LLAMACPP_PY) -d build/llamacpp
 	tar xzf build/llamacpp/llama_cpp_python-$(LLAMACPP_PY).tar.gz -C build/llamacpp
 	cmake -S $(LLAMACPP_SRC) -B build/llamacpp/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
 		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF

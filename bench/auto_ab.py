@@ -27,12 +27,20 @@ p.add_argument("--batches", default="1,2,4,8,16")
 p.add_argument("--sets", default="beyond code,humaneval")
 p.add_argument("--sequences", type=int, default=40, help="per batch size (rounds = sequences / batch, at least 3)")
 p.add_argument("--out", default="bench/results")
+p.add_argument("--model", default=None, help="default: the embedded model")
+p.add_argument("--draft-model", default=None, help="the draft model of the methods that use one (default: the shipped draft)")
+p.add_argument("--activations", default="fp32", choices=["fp32", "int8"])
 args = p.parse_args()
-common = dict(kv_cache_gib=1.0, max_num_seqs=16)
+common = dict(kv_cache_gib=1.0, max_num_seqs=16, activations=args.activations)
+if args.model:
+    common["model"] = args.model
+spec_extra = {"draft_model": args.draft_model} if args.draft_model else {}
 params = SamplingParams(temperature=0, max_tokens=128)
 machine = cpu()
 lines = [f"# The automatic choice vs regular decoding, batch 1-16 ({machine['cpu']}, {', '.join(machine['flags'])})", "",
-         f"`python bench/auto_ab.py --methods {args.methods} --batches {args.batches} --sequences {args.sequences}`: greedy, "
+         f"`python bench/auto_ab.py --methods {args.methods} --batches {args.batches} --sequences {args.sequences} "
+         f"--sets '{args.sets}'" + (f" --model {args.model}" if args.model else "")
+         + (f" --draft-model {args.draft_model}" if args.draft_model else "") + f" --activations {args.activations}`: greedy, "
          "128 new tokens, fresh engines per batch size, RD and speculation taking turns batch by batch; "
          f"tok/s ratio with its 95% interval over rounds; below {WITHIN} flagged.", "",
          "| method | prompts | batch | RD tok/s | spec tok/s | ratio | 95% interval | tokens/step | plain / drafting steps | identical |",
@@ -42,7 +50,7 @@ for set_name in args.sets.split(","):
     for method in args.methods.split(","):
         for b in (int(x) for x in args.batches.split(",")):
             rd = LLM(**common)
-            spec = LLM(**common, speculative=dict(method=method))
+            spec = LLM(**common, speculative=dict(method=method, **spec_extra))
             sets = sets or prompt_sets(rd, humaneval_problems(), 8)
             for llm in (rd, spec):  # warm up on a prompt outside the bench's
                 llm.generate("Hello", SamplingParams(temperature=0, max_tokens=8))

@@ -131,6 +131,8 @@ class SpeculativeConfig:
     draft_model: Optional[str] = option(None, "an EAGLE draft dir or a model with the target's tokenizer",
                                         parse="model_path")
     draft_len: Union[str, int] = option("auto", "auto, or K: fixed k / BASS l0 / threshold limit")
+    # FR-Spec (drafters/vocab.py): a standalone draft model's head over the N most frequent tokens only
+    draft_vocab: int = option(0, "a draft model's LM head over the N most frequent tokens only (FR-Spec; 0: all)")
     policy: str = option("bass", "draft-length policy", choices=POLICIES)
     # Ragged verification attention: "split" (per sequence) or "pad" (one padded batch). "auto": split
     # on CPU (the C++ paged kernel, no padding work), pad on CUDA (one kernel instead of one per
@@ -172,6 +174,7 @@ class SpeculativeConfig:
         SHAPES.check(self.shape)
         for name in ("tree_top_k", "tree_beam", "tree_max_nodes"):
             _check_int(name, getattr(self, name), 1)
+        _check_int("draft_vocab", self.draft_vocab, 0)
         if self.draft_len != "auto":
             k = self.draft_len
             if isinstance(k, str) and k.strip().lstrip("-").isdigit():

@@ -37,25 +37,30 @@ def build(spec, ctx: DrafterContext) -> Drafter:
     if _is_eagle(path):
         from .eagle import EagleDrafter
         return EagleDrafter.load(path, ctx)
-    return load_model_drafter(path, ctx)
+    return load_model_drafter(path, ctx, spec.draft_vocab)
 
 
-def load_model_drafter(path: str, ctx: DrafterContext) -> "DraftModelDrafter":
+def load_model_drafter(path: str, ctx: DrafterContext, vocab: int = 0) -> "DraftModelDrafter":
     """A standalone draft model (any model file or directory with the target's tokenizer). The target's
     own file is not loaded again: the stage runs the loaded target over a KV cache of its own (loading
-    it twice doubled the memory: 2.6 GB for the 1.5B)."""
+    it twice doubled the weights' memory). vocab: its head over that many of the most
+    frequent tokens (drafters/vocab.py; 0 or the whole vocabulary's size: all of it)."""
     from ..loading import load_model_files
     from ..models import build_model
     target = ctx.target
+    vocab_ids = None
+    if 0 < vocab < target.arch.vocab_size:
+        from .vocab import frequent_vocab
+        vocab_ids = frequent_vocab(ctx.tokenizer, vocab).to(target.device)
     if os.path.realpath(path) == os.path.realpath(ctx.target_path):
-        return DraftModelDrafter(target, ctx.num_blocks, ctx.block_size, ctx.attention)
+        return DraftModelDrafter(target, ctx.num_blocks, ctx.block_size, ctx.attention, vocab_ids)
     _, arch, weights, draft_tok = load_model_files(path, keep_quantized=True)
     if draft_tok.fingerprint() != ctx.tokenizer.fingerprint() or arch.vocab_size != target.arch.vocab_size:
         raise ValueError(f"{path}: the draft's tokenizer/vocabulary ({arch.vocab_size} tokens) differs from the "
                          f"target's ({target.arch.vocab_size} tokens); a draft must share the target's tokenizer")
     model = build_model(arch, weights, target.dtype, target.device, use_blocks=True, max_len=target.max_len,
                         activations=target.activations)
-    return DraftModelDrafter(model, ctx.num_blocks, ctx.block_size, ctx.attention)
+    return DraftModelDrafter(model, ctx.num_blocks, ctx.block_size, ctx.attention, vocab_ids)
 
 
 def _is_eagle(path: str) -> bool:
@@ -70,12 +75,16 @@ class DraftModelDrafter(Drafter):
     """Also what a stage of staged drafting (drafters/staged.py) runs through its public methods:
     reserve, catch_up, score, mark_drafted, truncate, generator."""
 
-    def __init__(self, model, num_blocks: int, block_size: int, attention: str = "split"):
+    def __init__(self, model, num_blocks: int, block_size: int, attention: str = "split",
+                 vocab_ids: Optional[torch.Tensor] = None):
         self.model = model
         a = model.arch
         self.kv = DraftKV(a.num_hidden_layers, num_blocks, block_size, a.num_key_value_heads, a.head_dim,
                           model.dtype, model.device)
-        self.picker = DraftPicker(a.vocab_size, model.device)
+        # a reduced vocabulary (drafters/vocab.py): the head's rows [V'], and the picker maps them back
+        self.vocab_ids = vocab_ids
+        self.head_rows = None if vocab_ids is None else model.head_rows(vocab_ids)
+        self.picker = DraftPicker(a.vocab_size, model.device, vocab_ids)
         self.proposed_at: dict[str, tuple[int, int]] = {}  # rid -> (tokens when drafted, speculative rows)
         self.attention = attention
         self.passes = 0  # model passes run (catch-ups included): memory traffic in `specserve bench staged`
@@ -104,12 +113,12 @@ class DraftModelDrafter(Drafter):
         """Room in the draft's KV for positions < num_tokens; False when it is full (no draft then)."""
         return self.kv.reserve(request.request_id, num_tokens)
 
-    def catch_up(self, requests: list[Request]) -> tuple[torch.Tensor, int]:
+    def catch_up(self, requests: list[Request], full_vocab: bool = False) -> tuple[torch.Tensor, int]:
         """Run every token of each request the draft has not seen yet (the whole prompt the first time),
-        now seen -> (logits after each request's last token [B, vocab], the rows run)."""
+        now seen -> (logits after each request's last token [B, V'] (full_vocab: [B, vocab]), the rows run)."""
         spans = [(r, self.kv.num_done[r.request_id], r.num_tokens) for r in requests]
         logits = self.score(requests, [[r.token_at(t) for t in range(a, b)] for r, a, b in spans],
-                            [a for _, a, _ in spans])
+                            [a for _, a, _ in spans], full_vocab=full_vocab)
         for r in requests:
             self.kv.num_done[r.request_id] = r.num_tokens
         return logits, sum(b - a for _, a, b in spans)
@@ -135,9 +144,12 @@ class DraftModelDrafter(Drafter):
     def weight_bytes(self) -> int:
         return self.model.weight_bytes
 
-    def score(self, reqs: list[Request], spans: list[list[int]], starts: list[int], every_row: bool = False) -> torch.Tensor:
-        """Run each request's token span at its positions -> logits of each span's last row [B, vocab]
-        (every_row: of every row [sum of span lengths, vocab], spans one after another)."""
+    def score(self, reqs: list[Request], spans: list[list[int]], starts: list[int], every_row: bool = False,
+              full_vocab: bool = False) -> torch.Tensor:
+        """Run each request's token span at its positions -> logits of each span's last row [B, V']
+        (every_row: of every row [sum of span lengths, V'], spans one after another). V' is the reduced
+        vocabulary where there is one (the picker's ids); full_vocab: over the target's ids, -inf
+        outside the reduced set (what a staged level compares its helper's proposals in)."""
         dev = self.model.device
         q_lens = [len(s) for s in spans]
         kv_lens = [a + n for a, n in zip(starts, q_lens)]
@@ -145,7 +157,11 @@ class DraftModelDrafter(Drafter):
         ids = torch.tensor([t for s in spans for t in s], dtype=torch.long, device=dev)
         pos = torch.tensor([p for a, n in zip(starts, q_lens) for p in range(a, a + n)], dtype=torch.long, device=dev)
         last = torch.arange(len(ids), device=dev) if every_row else torch.cumsum(torch.tensor(q_lens, device=dev), 0) - 1
-        return self.model.forward(ids, pos, meta, self.kv.cache.k, self.kv.cache.v, last)
+        logits = self.model.forward(ids, pos, meta, self.kv.cache.k, self.kv.cache.v, last, head_rows=self.head_rows)
+        if full_vocab and self.vocab_ids is not None:
+            full = logits.new_full((logits.shape[0], self.model.arch.vocab_size), float("-inf"))
+            logits = full.index_copy_(1, self.vocab_ids, logits)
+        return logits
 
     def report(self) -> dict:
         return {"models": [{"stage": "draft", "passes": self.passes, "weight_bytes": self.model.weight_bytes}]}

@@ -78,7 +78,7 @@ def _model_stage(name: str, spec, ctx: DrafterContext) -> DraftModelDrafter:
         raise ValueError(f"stage {name!r} is an EAGLE draft ({path}), which cannot be staged: each of its rows reads the "
                          "feature its previous row predicted, so checking k proposals takes k passes; give a standalone "
                          "draft model (speculative={'draft_model': PATH}, a model with the target's tokenizer) or 'target'")
-    return load_model_drafter(path, ctx)
+    return load_model_drafter(path, ctx, spec.draft_vocab)
 
 
 def without(q: torch.Tensor, token: int) -> torch.Tensor:
@@ -132,7 +132,7 @@ class StagedDrafter(Drafter):
         # Catch-up, as the plain draft model: every token this stage has not seen; its last row's logits
         # give the first draft token.
         self.calls += 1
-        first, catchup = m.catch_up(live)
+        first, catchup = m.catch_up(live, full_vocab=True)
         rows = {r.request_id: first[i:i + 1] for i, r in enumerate(live)}  # per request: logits rows [j, vocab]
         props: dict[str, list[int]] = {r.request_id: [] for r in live}
         cum = {r.request_id: 1.0 for r in live}
@@ -180,7 +180,7 @@ class StagedDrafter(Drafter):
             t0 = time.perf_counter()
             spans = [[drafts[r.request_id].tokens[-1]] + props[r.request_id] for r in still]
             starts = [r.num_tokens + len(drafts[r.request_id].tokens) - 1 for r in still]
-            logits = m.score(still, spans, starts, every_row=True)  # [sum of span lengths, vocab]
+            logits = m.score(still, spans, starts, every_row=True, full_vocab=True)  # [sum of span lengths, vocab]
             if single:
                 self.pass_seconds += time.perf_counter() - t0
                 self.passes_b1 += 1

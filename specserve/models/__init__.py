@@ -27,7 +27,7 @@ class TargetView(Protocol):
     def run_layers(self, x, delta, start: int, end: int, cos, sin, meta, k_cache, v_cache): ...  # a pipeline stage
     def unit_bytes(self) -> list[int]: ...  # weight bytes of [embedding, layers, norm + head]
     # the whole model over a KV cache of the caller's (a staged level that is the target itself)
-    def forward(self, token_ids, positions, meta, k_cache, v_cache, logits_indices) -> torch.Tensor: ...
+    def forward(self, token_ids, positions, meta, k_cache, v_cache, logits_indices, head_rows=None) -> torch.Tensor: ...
     weight_bytes: int
 
 

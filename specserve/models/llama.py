@@ -86,15 +86,16 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, logits_indices: torch.Tensor,
-                return_hidden: bool = False):
+                return_hidden: bool = False, head_rows=None):
         """token_ids, positions [T]; k_cache/v_cache [layers, slots, kv_heads, D]; logits_indices [S]
         -> logits [S, vocab] float32; with return_hidden, also the last hidden state of every row before
-        the final norm [T, hidden] (what an EAGLE draft reads)."""
+        the final norm [T, hidden] (what an EAGLE draft reads). head_rows: a reduced head (`head_rows`),
+        logits [S, V'] over its rows instead."""
         x = self.embed_rows(token_ids).to(self.dtype)  # [T, hidden] residual stream
         cos, sin = self.rotary.tables(positions)  # [T, D] each
         x, delta = self.run_layers(x, None, 0, len(self.layers), cos, sin, meta, k_cache, v_cache)
         x = x + delta
-        logits = self.head(x, logits_indices)
+        logits = self.head(x, logits_indices, head_rows)
         return (logits, x) if return_hidden else logits
 
     def run_layers(self, x: torch.Tensor, delta: Optional[torch.Tensor], start: int, end: int, cos, sin,
@@ -115,10 +116,11 @@ class LlamaModel:
         return x, delta
 
     # --- the TargetView drafters and pipeline stages use (models/__init__.py) ---------------------
-    def head(self, x: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
-        """Residual stream x [T, hidden] -> logits [S, vocab] float32 of the rows asked for."""
+    def head(self, x: torch.Tensor, logits_indices: torch.Tensor, head_rows=None) -> torch.Tensor:
+        """Residual stream x [T, hidden] -> logits [S, vocab] float32 of the rows asked for ([S, V'] through
+        a reduced head, `head_rows`)."""
         h = rms_norm(x[logits_indices].contiguous(), self.norm, self.eps)  # [S, hidden]: only rows that sample
-        return self.lm_head(h).float()
+        return (self.lm_head(h) if head_rows is None else head_rows(h.float())).float()
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The final RMSNorm of x [B, hidden], computed in x's dtype."""

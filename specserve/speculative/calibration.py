@@ -49,7 +49,7 @@ def time_pass(model, kv, table: list[int], n: int, context: int = 0, mode: str =
 
 # Rows per calibrated pass: powers of two, the cost model interpolating between them and extending the
 # last two's slope beyond (a pass's cost is close to linear in its rows past a few on CPU, flat on a
-# GPU). 48 and 64 rows took 5 of the 8.4 s the 1.5B's calibration took with 12 sizes (issue 40).
+# GPU); docs/decisions.md#calibration.
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32)
 # Retakes when plain steps show the calibration was disturbed (CostModel.calibration_disturbed).
 RETAKES = 2
@@ -90,8 +90,12 @@ class Calibrator:
         self.retakes = 0
 
     def take(self) -> None:
+        old = dict(self.costs.calibrated), dict(self.costs.scale)
         self.costs.reset_calibration()
         self.run()
+        if not self.costs.calibrated:  # no room for its scratch blocks (the KV is full): keep the old curve
+            self.costs.calibrated.update(old[0])
+            self.costs.scale.update(old[1])
 
     def check(self) -> bool:
         """After a step: retake the calibration if it looks disturbed; True when it did."""

@@ -48,3 +48,11 @@ def test_the_calibrator_retakes_a_disturbed_calibration_a_bounded_number_of_time
         curve(c, 0.5)
         cal.check()
     assert cal.retakes == RETAKES
+
+
+def test_a_retake_without_room_keeps_the_old_curve():
+    c = CostModel()
+    curve(c, 0.040)
+    before = dict(c.calibrated)
+    Calibrator(c, lambda: None).take()  # calibrate found no free blocks for its scratch table: it ran nothing
+    assert c.calibrated == before
