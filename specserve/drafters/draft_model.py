@@ -45,9 +45,10 @@ def load_model_drafter(path: str, ctx: DrafterContext, vocab: int = 0) -> "Draft
     own file is not loaded again: the stage runs the loaded target over a KV cache of its own (loading
     it twice doubled the weights' memory). vocab: its head over that many of the most
     frequent tokens (drafters/vocab.py; 0 or the whole vocabulary's size: all of it)."""
-    from ..loading import load_model_files
+    from ..loading import load_model_files, resolve_model_path
     from ..models import build_model
     target = ctx.target
+    path = resolve_model_path(path)  # a known model's name: its pulled file
     vocab_ids = None
     if 0 < vocab < target.arch.vocab_size:
         from .vocab import frequent_vocab

@@ -116,8 +116,11 @@ def test_on_verified_gets_the_verified_draft_and_its_accepted_count(recorded, mo
     llm, drafter = recorded
     calls, requests = _generate(llm, drafter, mode, SamplingParams(temperature=0, max_tokens=32))
     assert len(requests) == 4
-    # no selection (fallback off) and no grammar: the draft verified is the very one proposed
-    assert all(d is proposed for _, d, _, _, proposed in calls)
+    # no selection (fallback off) and no grammar: the draft verified is the very one proposed, or, in a
+    # request's last steps, the proposed one cut to what the request can still emit (decoder.draft_room)
+    for _, d, _, pos, proposed in calls:
+        assert d is proposed or (set(d.paths()) < set(proposed.paths()) and pos + max(d.depths()) == 32 - 1)
+    assert sum(d is proposed for _, d, _, _, proposed in calls) > len(calls) // 2
     assert all(d.is_tree == (mode == "tree") for _, d, _, _, _ in calls)
     assert any(a > 0 for _, _, a, _, _ in calls) and any(a < max(d.depths()) for _, d, a, _, _ in calls)
     _check_greedy_acceptance(calls)
