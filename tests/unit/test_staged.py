@@ -36,14 +36,14 @@ class MarkovStage:
         self.done.setdefault(request.request_id, 0)
         return True
 
-    def catch_up(self, requests):
+    def catch_up(self, requests, full_vocab=False):  # a full vocabulary already: full_vocab changes nothing
         spans = [[r.token_at(t) for t in range(self.done[r.request_id], r.num_tokens)] for r in requests]
         logits = self.score(requests, spans, [self.done[r.request_id] for r in requests])
         for r in requests:
             self.done[r.request_id] = r.num_tokens
         return logits, sum(len(s) for s in spans)
 
-    def score(self, reqs, spans, starts, every_row=False):
+    def score(self, reqs, spans, starts, every_row=False, full_vocab=False):
         self.rows_fed.append([len(s) for s in spans])
         rows = [TABLE[t] for s in spans for t in (s if every_row else s[-1:])]
         return torch.stack(rows)
@@ -153,10 +153,10 @@ def test_a_stage_may_be_a_known_models_name(monkeypatch):
     seen = []
     monkeypatch.setattr(staged, "resolve_model_path", lambda m: seen.append(m) or __file__)
     monkeypatch.setattr(staged, "_is_eagle", lambda p: False)
-    monkeypatch.setattr(staged, "load_model_drafter", lambda p, ctx: ("loaded", p))
+    monkeypatch.setattr(staged, "load_model_drafter", lambda p, ctx, vocab: ("loaded", p))
     ctx = SimpleNamespace(target_path="unused")
-    assert staged._model_stage("draft", SimpleNamespace(draft_model=name), ctx) == ("loaded", __file__)
-    assert staged._model_stage(name, SimpleNamespace(draft_model=None), ctx) == ("loaded", __file__)
+    assert staged._model_stage("draft", SimpleNamespace(draft_model=name, draft_vocab=0), ctx) == ("loaded", __file__)
+    assert staged._model_stage(name, SimpleNamespace(draft_model=None, draft_vocab=0), ctx) == ("loaded", __file__)
     assert seen == [name, name]
     with pytest.raises(ValueError, match="no such model"):
         staged._model_stage("no-such-model", SimpleNamespace(draft_model=None), ctx)
