@@ -43,6 +43,10 @@ METHODS = {
     "staged-fr": dict(method="staged", stages=["draft", "lookup"], fr=True),
     "auto": dict(method="auto"),
     "auto-fr": dict(method="auto", fr=True),
+    # token trees from the draft model (its top-k children at the beam best nodes of each level)
+    "draft-tree": dict(method="draft", shape="tree"),
+    "draft-fr-tree": dict(method="draft", shape="tree", fr=True),
+    "draft-fr-shape-auto": dict(method="draft", shape="auto", fr=True),  # chains or trees, by measured yield
     # the cost model's fallback off, a fixed draft length: what drafting yields where the choice is not asked
     "draft-k4": dict(method="draft", policy="fixed", draft_len=4, fallback=False),
     "draft-fr-k4": dict(method="draft", policy="fixed", draft_len=4, fallback=False, fr=True),

@@ -150,7 +150,7 @@ class SpeculativeConfig:
     # itself), or a model path; the last may also be "ngram" or "lookup" (drafters/staged.py).
     stages: tuple = option(("draft", "ngram"), "the staged method's levels, top down: draft (--draft-model), target, "
                                                "or a model path; the last may be ngram or lookup")
-    # Token trees (drafters that make them: the EAGLE draft): a name in registry.SHAPES, and the tree's
+    # Token trees (drafters that make them: EAGLE and a standalone draft model): a name in registry.SHAPES, and the tree's
     # width (drafters.TreeShape): top-k children per expanded node, nodes expanded per level, nodes kept.
     # lookahead decoding (drafters/lookahead.py): the Jacobi window's width W, the n-gram size N (N - 1
     # levels of W guesses) and at most G pool n-grams verified per step

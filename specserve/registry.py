@@ -105,7 +105,7 @@ ATTENTION.register("auto", None, "split on CPU, pad on CUDA")
 ATTENTION.register("split", None, "per sequence, no padding (the C++ paged kernel on CPU)")
 ATTENTION.register("pad", None, "one padded batch, one SDPA call")
 
-# Draft shapes (speculative/decoder.py): what drafters that make token trees (the EAGLE draft) propose.
+# Draft shapes (speculative/decoder.py): what drafters that make token trees (EAGLE and a standalone draft model) propose.
 SHAPES = Registry("draft shape")
 SHAPES.register("auto", None, "chains or trees, whichever the measured tokens per second favour")
 SHAPES.register("chain", None, "one draft token after another")

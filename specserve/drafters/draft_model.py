@@ -1,6 +1,7 @@
 """A separate, smaller language model as the draft (Leviathan et al.; Chen et al.): any model that
 shares the target's tokenizer. It keeps its own paged KV cache; after verification the rows of the
-accepted drafts stay (they were computed on exactly those tokens) and the rest is rolled back."""
+accepted drafts stay (they were computed on exactly those tokens) and the rest is rolled back; it
+also drafts token trees (the class docstring)."""
 from __future__ import annotations
 
 import json
@@ -11,8 +12,9 @@ import torch
 
 from ..loading import EMBEDDED_FILE
 from ..types import Draft, Request
-from .base import Drafter, DrafterContext, Proposal
+from .base import Drafter, DrafterContext, Proposal, TreeShape
 from .common import DraftKV, DraftPicker, autoregressive_drafts
+from .tree import FedLevel, Growth, grow
 
 SHIPPED_DRAFTS = {EMBEDDED_FILE: "smollm2-135m-instruct-eagle"}  # target file name -> draft under specserve/weights
 
@@ -74,7 +76,15 @@ def _is_eagle(path: str) -> bool:
 
 class DraftModelDrafter(Drafter):
     """Also what a stage of staged drafting (drafters/staged.py) runs through its public methods:
-    reserve, catch_up, score, mark_drafted, truncate, generator."""
+    reserve, catch_up, score, mark_drafted, truncate, generator.
+
+    Token trees (EAGLE-2, drafters/tree.grow): the catch-up's last row gives the root's top_k children;
+    each further level feeds the beam best nodes of the level before at their depth's position, their
+    KV rows after the context in the order fed, each attending to the context and its own ancestors
+    (AttentionMetadata.span_parents). No tree row is kept after verification: the accepted path's
+    tokens are fed again by the next catch-up (1 + accepted rows in one pass)."""
+
+    makes_trees = True
 
     def __init__(self, model, num_blocks: int, block_size: int, attention: str = "split",
                  vocab_ids: Optional[torch.Tensor] = None):
@@ -92,12 +102,24 @@ class DraftModelDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
-                tree=None) -> Proposal:
+                tree: Optional[TreeShape] = None) -> Proposal:
         drafts = {r.request_id: Draft() for r in requests}
-        live = [r for r in requests if max_len > 0 and self.reserve(r, r.num_tokens + max_len - 1)]
+        fed = max_len - 1 if tree is None else tree.beam * (max_len - 1)  # draft rows past the known tokens
+        live = [r for r in requests if max_len > 0 and self.reserve(r, r.num_tokens + fed)]
         if not live:
             return Proposal([drafts[r.request_id] for r in requests])
         logits, catchup = self.catch_up(live)
+        if tree is not None:
+            g = grow(logits, max_len, tree.top_k, tree.beam, min_confidence, self.picker.vocab_list,
+                     lambda g, level: self._tree_level(live, g, level))
+            drafts.update((r.request_id, d) for r, d in zip(live, g.drafts(tree.max_nodes)))
+            for r in live:
+                self.mark_drafted(r, 0)
+            passes = max(max(drafts[r.request_id].depths(), default=0) for r in live)
+            self.passes += passes
+            # the draft-step cost table is by rows: a tree's passes are timed as passes of about beam rows
+            return Proposal([drafts[r.request_id] for r in requests], passes, len(live) * min(tree.beam, tree.top_k),
+                            catchup)
 
         def advance(rows, tokens, reqs, j):
             return self.score(reqs, [[t] for t in tokens], [r.num_tokens + j for r in reqs])
@@ -108,6 +130,20 @@ class DraftModelDrafter(Drafter):
         self.passes += max(len(drafts[r.request_id].tokens) for r in live)
         return Proposal([drafts[r.request_id] for r in requests], max(len(drafts[r.request_id].tokens) for r in live),
                         len(live), catchup)
+
+    def _tree_level(self, live: list[Request], g: Growth, level: FedLevel) -> torch.Tensor:
+        """One tree level's fed nodes, each at its depth's position (depth d: position N - 1 + d) ->
+        the logits after each [R, V']."""
+        ids, pos, q_lens, kv_lens, spans = [], [], [], [], []
+        for b, nodes in zip(level.requests, level.nodes):
+            r, rows = live[b], g.fed_parent[b]
+            ids += [g.trees[b].tokens[j] for j in nodes]
+            pos += [r.num_tokens - 1 + g.depth[b][j] for j in nodes]
+            q_lens.append(len(nodes))
+            kv_lens.append(self.kv.num_done[r.request_id] + len(rows))
+            spans.append(list(rows))
+        return self._forward([live[b] for b in level.requests], ids, pos, q_lens, kv_lens, every_row=True,
+                             span_parents=spans)
 
     # --- what a drafting stage uses (staged.py) ----------------------------------------------------
     def reserve(self, request: Request, num_tokens: int) -> bool:
@@ -151,18 +187,25 @@ class DraftModelDrafter(Drafter):
         (every_row: of every row [sum of span lengths, V'], spans one after another). V' is the reduced
         vocabulary where there is one (the picker's ids); full_vocab: over the target's ids, -inf
         outside the reduced set (what a staged level compares its helper's proposals in)."""
-        dev = self.model.device
         q_lens = [len(s) for s in spans]
-        kv_lens = [a + n for a, n in zip(starts, q_lens)]
-        meta = self.kv.metadata([r.request_id for r in reqs], q_lens, kv_lens, self.attention)
-        ids = torch.tensor([t for s in spans for t in s], dtype=torch.long, device=dev)
-        pos = torch.tensor([p for a, n in zip(starts, q_lens) for p in range(a, a + n)], dtype=torch.long, device=dev)
-        last = torch.arange(len(ids), device=dev) if every_row else torch.cumsum(torch.tensor(q_lens, device=dev), 0) - 1
-        logits = self.model.forward(ids, pos, meta, self.kv.cache.k, self.kv.cache.v, last, head_rows=self.head_rows)
+        logits = self._forward(reqs, [t for s in spans for t in s],
+                               [p for a, n in zip(starts, q_lens) for p in range(a, a + n)], q_lens,
+                               [a + n for a, n in zip(starts, q_lens)], every_row=every_row)
         if full_vocab and self.vocab_ids is not None:
             full = logits.new_full((logits.shape[0], self.model.arch.vocab_size), float("-inf"))
             logits = full.index_copy_(1, self.vocab_ids, logits)
         return logits
+
+    def _forward(self, reqs: list[Request], ids: list[int], positions: list[int], q_lens: list[int],
+                 kv_lens: list[int], every_row: bool = False, span_parents=None) -> torch.Tensor:
+        """The draft over each request's q_lens rows (tokens ids at positions, attending to kv_lens KV rows;
+        span_parents: a tree's) -> logits of each request's last row [B, V'] (every_row: of every row)."""
+        dev = self.model.device
+        meta = self.kv.metadata([r.request_id for r in reqs], q_lens, kv_lens, self.attention, span_parents)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+        last = torch.arange(len(ids), device=dev) if every_row else torch.cumsum(torch.tensor(q_lens, device=dev), 0) - 1
+        return self.model.forward(ids_t, torch.tensor(positions, dtype=torch.long, device=dev), meta,
+                                  self.kv.cache.k, self.kv.cache.v, last, head_rows=self.head_rows)
 
     def report(self) -> dict:
         return {"models": [{"stage": "draft", "passes": self.passes, "weight_bytes": self.model.weight_bytes}]}

@@ -24,7 +24,7 @@ from ..models.eagle import EagleNet, EagleServing
 from ..types import Draft, Request
 from .base import Drafter, DrafterContext, Proposal, TreeShape
 from .common import DraftKV, DraftPicker, autoregressive_drafts
-from .tree import TokenTree, rerank_indices
+from .tree import FedLevel, Growth, grow
 
 
 class EagleDrafter(Drafter):
@@ -162,59 +162,30 @@ class EagleDrafter(Drafter):
     def _tree_drafts(self, live: list[Request], f_hat: torch.Tensor, depth: int, min_confidence: Optional[float],
                      shape: TreeShape) -> dict[str, Draft]:
         """EAGLE-2 trees for the batch, one draft pass per level (see the module docstring)."""
-        trees = [TokenTree() for _ in live]
-        conf: list[list[float]] = [[] for _ in live]  # each node's own draft probability
-        depth_of: list[list[int]] = [[] for _ in live]
-        fed_parent: list[list[int]] = [[] for _ in live]  # per fed row (draft KV row order): its parent's fed row
         fed_feat: list[list[torch.Tensor]] = [[] for _ in live]  # per fed row: the feature it predicted
-        row_of: list[dict[int, int]] = [{} for _ in live]  # tree node -> its fed row
-        vocab = self.picker.vocab_list
 
-        def add_children(logits: torch.Tensor, owners: list[tuple[int, int]]) -> None:
-            # logits [R, V_draft] at the nodes `owners` [(request, node; -1: the root)]
-            probs, ids = torch.softmax(logits.float(), dim=-1).topk(shape.top_k, dim=-1)
-            for (b, node), ps, ts in zip(owners, probs.tolist(), ids.tolist()):
-                t = trees[b]
-                base, d = (t.scores[node], depth_of[b][node] + 1) if node >= 0 else (1.0, 1)
-                for p, tok in zip(ps, ts):
-                    t.tokens.append(vocab[tok] if vocab is not None else tok)
-                    t.parents.append(node)
-                    t.scores.append(base * p)
-                    conf[b].append(p)
-                    depth_of[b].append(d)
-
-        add_children(self._logits(f_hat), [(b, -1) for b in range(len(live))])
-        level = [list(range(len(t))) for t in trees]  # each request's newest level
-        for _ in range(depth - 1):
-            owners, feats, toks, pos, q_lens, kv_lens, spans, reqs = [], [], [], [], [], [], [], []
-            for b, r in enumerate(live):
-                t = trees[b]
-                best = sorted(level[b], key=lambda j: -t.scores[j])[:shape.beam]
-                best = [j for j in best if min_confidence is None or t.scores[j] >= min_confidence]
-                if not best:
-                    continue
-                for j in best:
-                    p = t.parents[j]
-                    row_of[b][j] = len(fed_parent[b])
-                    fed_parent[b].append(-1 if p < 0 else row_of[b][p])
-                    owners.append((b, j))
-                    feats.append(f_hat[b] if p < 0 else fed_feat[b][row_of[b][p]])
+        def run_level(g: Growth, level: FedLevel) -> torch.Tensor:
+            # each fed node: (its parent's predicted feature, its token) at its depth's position
+            feats, toks, pos, q_lens, kv_lens, spans = [], [], [], [], [], []
+            for b, nodes in zip(level.requests, level.nodes):
+                r, t, rows = live[b], g.trees[b], g.fed_parent[b]
+                for j in nodes:
+                    p = rows[g.row_of[b][j]]
+                    feats.append(f_hat[b] if p < 0 else fed_feat[b][p])
                     toks.append(t.tokens[j])
-                    pos.append(r.num_tokens - 2 + depth_of[b][j])  # node at depth d: draft row N - 2 + d
-                reqs.append(r)
-                q_lens.append(len(best))
-                kv_lens.append(self.kv.num_done[r.request_id] + len(fed_parent[b]))
-                spans.append(list(fed_parent[b]))
-            if not reqs:
-                break
-            f = self._forward(reqs, torch.stack(feats), toks, pos, q_lens, kv_lens, spans)  # [R, hidden]
-            for (b, _), row in zip(owners, f):
-                fed_feat[b].append(row)
-            before = [len(t) for t in trees]
-            add_children(self._logits(f), owners)
-            level = [list(range(n, len(t))) for n, t in zip(before, trees)]
-        return {r.request_id: Draft(t.tokens, None, conf[b], t.parents).subset(rerank_indices(t, shape.max_nodes))
-                for b, (r, t) in enumerate(zip(live, trees))}
+                    pos.append(r.num_tokens - 2 + g.depth[b][j])  # node at depth d: draft row N - 2 + d
+                q_lens.append(len(nodes))
+                kv_lens.append(self.kv.num_done[r.request_id] + len(rows))
+                spans.append(list(rows))
+            f = self._forward([live[b] for b in level.requests], torch.stack(feats), toks, pos, q_lens, kv_lens,
+                              spans)  # [R, hidden]
+            rows_f = iter(f)
+            for b, nodes in zip(level.requests, level.nodes):
+                fed_feat[b].extend(next(rows_f) for _ in nodes)
+            return self._logits(f)
+
+        g = grow(self._logits(f_hat), depth, shape.top_k, shape.beam, min_confidence, self.picker.vocab_list, run_level)
+        return {r.request_id: d for r, d in zip(live, g.drafts(shape.max_nodes))}
 
     def _forward(self, reqs, feats, tokens, positions, q_lens, kv_lens, span_parents=None) -> torch.Tensor:
         dev = feats.device

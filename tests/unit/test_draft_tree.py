@@ -61,3 +61,36 @@ def test_expected_tokens_match_verification_when_the_draft_is_the_target():
                            torch.Generator().manual_seed(0))
     mean = sum(len(p) for p in paths) / n
     assert mean == pytest.approx(sum(tree.scores), abs=0.03)
+
+
+@pytest.mark.parametrize("top_k,beam,min_conf", [(2, 1, None), (3, 2, None), (3, 3, 0.05)])
+def test_batched_growth_equals_the_reference_expansion(top_k, beam, min_conf):
+    """grow (level by level for a batch, as the model drafters feed it) builds expand's trees, and
+    each fed row's parent row is its tree parent's fed row."""
+    from specserve.drafters.tree import grow
+    Ms = [torch.softmax(torch.randn(V, V, generator=torch.Generator().manual_seed(s)).double() * 2, -1) for s in (1, 2)]
+    roots = [0, 3]
+
+    def run_level(g, level):
+        rows = []
+        for b, nodes in zip(level.requests, level.nodes):
+            t = g.trees[b]
+            for j in nodes:
+                assert g.fed_parent[b][g.row_of[b][j]] == (-1 if t.parents[j] < 0 else g.row_of[b][t.parents[j]])
+                rows.append(Ms[b][t.tokens[j]].log())
+        return torch.stack(rows)
+
+    depth = 4
+    g = grow(torch.stack([Ms[b][roots[b]].log() for b in range(2)]), depth, top_k, beam, min_conf, None, run_level)
+    for b in range(2):
+        fn = _next_topk(Ms[b], roots[b])
+        if min_conf is None:
+            ref = expand(fn, depth, top_k, beam)
+            assert g.trees[b].tokens == ref.tokens and g.trees[b].parents == ref.parents
+            assert g.trees[b].scores == pytest.approx(ref.scores)
+        else:  # nodes below the threshold are not expanded: every expanded node is above it
+            assert all(g.trees[b].scores[j] >= min_conf for j in g.row_of[b])
+        assert all(d == len(g.trees[b].path(j)) for j, d in enumerate(g.depth[b]))
+    # a vocabulary map turns draft ids into target ids
+    mapped = grow(torch.stack([Ms[0][0].log()]), 1, top_k, beam, None, [10 + i for i in range(V)], run_level)
+    assert all(t >= 10 for t in mapped.trees[0].tokens)
