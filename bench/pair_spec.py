@@ -47,6 +47,8 @@ METHODS = {
     "draft-tree": dict(method="draft", shape="tree"),
     "draft-fr-tree": dict(method="draft", shape="tree", fr=True),
     "draft-fr-shape-auto": dict(method="draft", shape="auto", fr=True),  # chains or trees, by measured yield
+    # a narrow tree: one node expanded per level (the draft's passes stay one row), its 2 best children
+    "draft-fr-tree-narrow": dict(method="draft", shape="tree", tree_top_k=2, tree_beam=1, tree_max_nodes=8, fr=True),
     # the cost model's fallback off, a fixed draft length: what drafting yields where the choice is not asked
     "draft-k4": dict(method="draft", policy="fixed", draft_len=4, fallback=False),
     "draft-fr-k4": dict(method="draft", policy="fixed", draft_len=4, fallback=False, fr=True),

@@ -7,9 +7,9 @@ says it pays is what keeps a batch of unpredictable sequences near regular decod
 (docs/decisions.md#per-sequence-choice). The sequences left plain are
 probed (drafted for once) after 4, then 8, 16 ... plain steps of their own.
 
-Seeded sampled requests choose from their own acceptance and the start-up calibration only (`own_len`),
-so that their draft lengths, and so their random draws, do not depend on the batch's other requests
-or on live timings.
+Seeded sampled requests choose from their own acceptance (`own_len`): their output is the one regular
+decoding gives with their seed whatever was drafted (sampling/seeded.py), so only the price of their
+rows comes from the step they ride in.
 
 Lifecycle, per request id: `worth_drafting` / `own_len` each step it decodes, `record` after each of
 its verify steps, `release` when it finishes.
@@ -108,14 +108,12 @@ class SequenceChoice:
         return False
 
     # --- seeded requests --------------------------------------------------------------------------
-    def own_len(self, r: Request, k: int) -> int:
-        """A seeded request's draft length, from the start-up calibration at the batch of its own
-        samples (n or best_of run together; other requests' company must not change its draws): none
-        where drafting would not pay even for a predictable sequence (OPTIMISTIC_ALPHA); else a full
-        draft first, then what its own acceptance (with a weak prior) predicts. After a run of plain
-        steps, one drafting step measures again (without it, one unlucky first draft left a sequence
-        plain to its end: alpha 0 predicts no gain)."""
-        batch = r.params.num_samples
+    def own_len(self, r: Request, k: int, batch: int) -> int:
+        """A seeded request's draft length in a step of `batch` sequences, from the start-up calibration:
+        none where drafting would not pay even for a predictable sequence (OPTIMISTIC_ALPHA) and a cheap
+        draft; else a full draft first, then what its own acceptance (with a weak prior) predicts with
+        the draft's measured step. After a run of plain steps, one drafting step measures again (without it, one
+        unlucky first draft left a sequence plain to its end: alpha 0 predicts no gain)."""
         could = self.costs.best_len(batch, k, alpha=OPTIMISTIC_ALPHA, calibrated_only=True)
         if could is None:  # not calibrated
             return k
@@ -123,7 +121,7 @@ class SequenceChoice:
             return 0
         if not r.spec_drafted:
             return k
-        best = self.costs.best_len(batch, k, alpha=own_alpha(r, self.prior_alpha), calibrated_only=True)
+        best = self.costs.best_len(batch, k, alpha=own_alpha(r, self.prior_alpha), calibrated_only=True, measured_draft=True)
         if best:
             self.plain.pop(r.request_id, None)
             return best

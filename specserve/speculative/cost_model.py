@@ -12,6 +12,8 @@ DRAFT_COST_GUESS = 0.1  # draft step / target step, for decisions that must not 
 # sequences whose drafts are accepted and slows the rest with longer steps, so the sequences that finish
 # first (most of the mean per-token latency) lose (docs/decisions.md#cost-model).
 DRAFTING_MARGIN = 1.05
+# the yields key of plain steps that verified free drafts (lookups), apart from drafting steps' shapes
+FREE_SHAPE = "free"
 
 
 class CostModel:
@@ -113,6 +115,12 @@ class CostModel:
         """Measured seconds of one steady draft step at this batch size (interpolated; None before any)."""
         return self._interp(self.draft, batch)
 
+    def _draft_or_guess(self, batch: int) -> float:
+        """A draft step at this batch size as measured; before any, DRAFT_COST_GUESS bare target passes
+        (an EAGLE head's share; a standalone draft model's is 0.4-0.5, measured on its first steps)."""
+        t = self.draft_step_seconds(batch)
+        return t if t is not None else DRAFT_COST_GUESS * self._interp(self.calibrated, 1)
+
     def record_draft(self, batch: int, seconds_per_step: float) -> None:
         old = self.draft.get(batch)
         self.draft[batch] = seconds_per_step if old is None else (1 - self.ema) * old + self.ema * seconds_per_step
@@ -165,7 +173,7 @@ class CostModel:
         far (None: none measured yet). Unlike a prediction from the acceptance rate, this counts what
         the formula leaves out: drafts cut by the selection (verified rows per sequence well below k),
         draft passes whose tokens all got cut."""
-        shapes = [shape] if shape is not None else [s for b, s in self.yields if b == batch]
+        shapes = [shape] if shape is not None else [s for b, s in self.yields if b == batch and s != FREE_SHAPE]
         rates = [r for r in (self.drafting_rate(batch, s) for s in shapes) if r is not None]
         t_plain = self.plain.get(batch) or self.step_seconds(batch, batch)
         if not rates or t_plain is None:
@@ -174,6 +182,15 @@ class CostModel:
         # for its rows (verification, attention over several query rows per sequence, bookkeeping): the
         # curve's estimate had drafting win where it lost (docs/decisions.md#cost-model).
         return max(rates) > margin * batch / t_plain
+
+    def free_drafts_pay(self, batch: int) -> Optional[bool]:
+        """Whether plain steps that verified free drafts emitted more tokens per second (their lookups'
+        time included) than plain steps without drafts at this batch size (None: not measured yet)."""
+        rate = self.drafting_rate(batch, FREE_SHAPE)
+        t_plain = self.plain.get(batch) or self.step_seconds(batch, batch)
+        if rate is None or t_plain is None:
+            return None
+        return rate >= batch / t_plain
 
     @staticmethod
     def _interp(table: dict[int, float], x: int) -> Optional[float]:
@@ -194,15 +211,16 @@ class CostModel:
         return max(table[a] + slope * (x - a), 1e-6)
 
     def tokens_per_second(self, batch: int, k: int, alpha: Optional[float] = None,
-                          calibrated_only: bool = False) -> Optional[float]:
+                          calibrated_only: bool = False, measured_draft: bool = False) -> Optional[float]:
         """Predicted emitted tokens per second of a step with drafts of length k (k = 0: plain decoding).
-        calibrated_only: use only the startup calibration (fixed for the engine's life) and a draft step
-        of DRAFT_COST_GUESS target passes, so the answer does not move with the machine's timings."""
+        calibrated_only: the start-up calibration's bare passes, not the live step times, and a draft
+        step of DRAFT_COST_GUESS target passes (an optimistic price: an EAGLE head's), or with
+        measured_draft the draft's measured step where there is one."""
         if calibrated_only:
             if not self.calibrated:
                 return None
             t_target = self._interp(self.calibrated, batch * (k + 1))
-            t_draft = DRAFT_COST_GUESS * self._interp(self.calibrated, 1)
+            t_draft = self._draft_or_guess(batch) if measured_draft else DRAFT_COST_GUESS * self._interp(self.calibrated, 1)
         else:
             t_target, t_draft = self.step_seconds(batch * (k + 1)), self.draft_step_seconds(batch)
             alpha = self.alpha if alpha is None else alpha
@@ -220,10 +238,10 @@ class CostModel:
         """The acceptance probability at which one more draft token per sequence pays for itself: its
         share of a verify row plus a draft step, over the time per token of plain decoding (it grows
         with the batch: docs/decisions.md#cost-model).
-        calibrated_only: from the start-up calibration alone, as tokens_per_second's."""
+        calibrated_only: from the start-up calibration and the draft's measured step, as tokens_per_second's."""
         if calibrated_only:
             t_plain, t_more = self._interp(self.calibrated, batch), self._interp(self.calibrated, 2 * batch)
-            t_draft = None if t_plain is None else DRAFT_COST_GUESS * self._interp(self.calibrated, 1)
+            t_draft = None if t_plain is None else self._draft_or_guess(batch)
         else:
             t_plain, t_more = self.step_seconds(batch, batch), self.step_seconds(2 * batch, batch)
             t_draft = self.draft_step_seconds(batch)

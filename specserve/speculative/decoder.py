@@ -29,7 +29,7 @@ from ..drafters.base import Drafter, Proposal, TreeShape
 from ..types import Draft, DraftBatch, Request, RequestStatus
 from .calibration import Calibrator
 from .choice import SequenceChoice
-from .cost_model import DRAFT_COST_GUESS, CostModel
+from .cost_model import DRAFT_COST_GUESS, FREE_SHAPE, CostModel
 from .hierarchy import measured_chain
 from .policies import DraftLengthPolicy
 from .selection import select_drafts
@@ -76,7 +76,7 @@ class DraftingStep:
     tokens: int  # emitted: one per sequence, plus accepted drafts (added by verify)
     draft_seconds: float = 0.0
     probe: bool = False  # the first drafting step after plain ones
-    shape: str = "chain"  # what was drafted: "chain" or "tree"
+    shape: str = "chain"  # what was drafted: "chain" or "tree"; FREE_SHAPE: a plain step's free drafts
 
 
 # How many extra rows a step's "could any draft pay?" check looks along the cost curve (two AVX-512
@@ -116,6 +116,7 @@ class SpeculativeDecoder:
         # of drafting steps made them look better than they were (docs/decisions.md#cost-model).
         self.plain_every, self._since_plain = plain_every, 0
         self._step: Optional[DraftingStep] = None  # this step's shared drafting, until record_step
+        self._free_skipped = 0  # plain steps in a row that left free drafts out (_free_drafts_pay)
 
     @property
     def wants_hidden_states(self) -> bool:
@@ -144,24 +145,32 @@ class SpeculativeDecoder:
         drafts: DraftBatch = {}
         decoding = [r for r in running if _decoding(r) and r.params.speculative is not False]
         shared = [r for r in decoding if not self._seeded(r)]
-        # Seeded requests with the same length (and threshold) draft together: one draft pass each
-        # step for the lot, not one per request (a request's draws come from its own generator).
-        same_len: dict[tuple, list[Request]] = {}
+        # Seeded requests with the same threshold draft together, as far as the longest wants, each
+        # draft then cut to its own length: one draft pass a position for the lot, not one per length
+        # (a request's draws come from its own generator).
+        same_floor: dict[Optional[float], list[tuple[Request, int]]] = {}
         for r in decoding:
             if self._seeded(r):
                 policy = self.own_policies.setdefault(r.request_id, self.make_policy())
                 k = policy.draft_len()
                 floor = policy.min_confidence
-                if self.fallback:  # from the request's own acceptance and the fixed calibration only
-                    k = self.choice.own_len(r, k)
+                if self.fallback:  # from the request's own acceptance and the calibration
+                    # priced at the step's batch: its rows ride in a pass of every decoding sequence
+                    # (priced at its own samples' batch, seeded batches of 16 verified 27-token
+                    # drafts each and ran at half regular decoding's speed: docs/decisions.md#seeded-batch)
+                    batch = max(len(decoding), r.params.num_samples)
+                    k = self.choice.own_len(r, k, batch)
                     # and drafting stops where a token is unlikely enough not to pay for its verify row,
-                    # as the shared path's gate, priced on the calibration at its own samples' batch
-                    gate = self.costs.break_even_confidence(r.params.num_samples, calibrated_only=True)
+                    # as the shared path's gate
+                    gate = self.costs.break_even_confidence(batch, calibrated_only=True)
                     floor = max((c for c in (floor, gate) if c is not None), default=None)
                 if k:
-                    same_len.setdefault((k, floor), []).append(r)
-        for (k, min_confidence), group in same_len.items():
-            self._draft(drafts, group, k, min_confidence)
+                    same_floor.setdefault(floor, []).append((r, k))
+        for min_confidence, group in same_floor.items():
+            # cut along the step's cost curve, as the shared drafts are (each part priced from the
+            # step's plain rows: a step mixing both prices the second part's rows a little low)
+            self._draft(drafts, [r for r, _ in group], max(k for _, k in group), min_confidence, select=self.fallback,
+                        batch=len(decoding), prompt_rows=prompt_rows, caps=[k for _, k in group])
         if not shared:
             return drafts
         k = self.policy.draft_len()
@@ -217,9 +226,28 @@ class SpeculativeDecoder:
         self.stats.fallback_steps += 1
         self.stats.speculating = False
         self._since_plain = 0
-        if free_len is not None and (proposal := self.drafter.propose_free(shared, free_len)) is not None:
-            drafts = [within(d, draft_room(r)) for d, r in zip(proposal.drafts, shared)]
-            _use(out, shared, self._select(drafts, prompt_rows=prompt_rows))
+        if free_len is None or not self._free_drafts_pay(len(shared)):
+            return
+        t0 = time.perf_counter()
+        if (proposal := self.drafter.propose_free(shared, free_len)) is not None:
+            drafts = self._select([within(d, draft_room(r)) for d, r in zip(proposal.drafts, shared)],
+                                  prompt_rows=prompt_rows)
+            if any(d.tokens for d in drafts):  # measured as a step of the "free" shape (record_step)
+                self._step = DraftingStep(len(shared), len(shared), time.perf_counter() - t0, shape=FREE_SHAPE)
+            _use(out, shared, drafts)
+
+    def _free_drafts_pay(self, batch: int) -> bool:
+        """Whether plain steps at this batch size verify free drafts: unless the steps that did yielded
+        fewer tokens per second than bare plain steps (in a batch of 8 on 2 cores the rows of lookups
+        that mostly miss cost more than they gain: docs/decisions.md#free-drafts); then one plain step
+        in `explore_every` verifies them again, to measure."""
+        if self.costs.free_drafts_pay(batch) is not False:
+            return True
+        self._free_skipped = self._free_skipped + 1
+        if self._free_skipped >= self.explore_every:
+            self._free_skipped = 0
+            return True
+        return False
 
     def _pick_shape(self, batch: int) -> str:
         """Chain or tree for this drafting step: as configured, or ("auto") the shape whose drafting
@@ -234,13 +262,14 @@ class SpeculativeDecoder:
         return best
 
     def _draft(self, out: DraftBatch, requests: list[Request], k: int, min_confidence: Optional[float], select: bool = False,
-               shape: Optional[str] = None, batch: Optional[int] = None, prompt_rows: int = 0) -> None:
+               shape: Optional[str] = None, batch: Optional[int] = None, prompt_rows: int = 0,
+               caps: Optional[list[int]] = None) -> None:
         """shape: "chain" or "tree"; None: a seeded group's, which must not depend on live timings (a tree
         only where trees are forced). batch: the sequences the step decodes (the drafting ones and
         those the per-sequence choice leaves plain), which the selection prices rows at, on top of the
-        step's prompt_rows."""
+        step's prompt_rows. caps: each request's own draft length (<= k), its draft cut there."""
         shape = shape or ("tree" if self.shape == "tree" else "chain")
-        room = [draft_room(r) for r in requests]
+        room = [draft_room(r) for r in requests] if caps is None else [min(draft_room(r), c) for r, c in zip(requests, caps)]
         k = min(k, max(room))
         if k <= 0:  # every request ends within this step: nothing to draft
             if select:

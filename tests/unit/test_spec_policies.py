@@ -695,3 +695,49 @@ def test_a_stalled_draft_timing_comes_down_at_the_next_probe():
     drafter.delay = 0.02  # a probe whose catch-up takes 10 ms a pass: no news about a steady step
     spec.propose([decoding("b")])
     assert spec.costs.draft_step_seconds(1) < 2e-3
+
+
+def test_free_drafts_on_plain_steps_stop_where_they_yield_less_than_bare_plain_steps():
+    """A plain step verifies free drafts (lookups) and is measured as the "free" shape; where such steps
+    emitted fewer tokens per second than bare plain steps at the batch size, plain steps leave them out
+    but for one in explore_every, which measures again; where they pay they stay. Model drafting's
+    own measurements (drafting_pays) do not count them."""
+    from specserve.drafters.base import Draft, Drafter, Proposal
+    from specserve.speculative import SpeculativeDecoder
+    from specserve.speculative.cost_model import FREE_SHAPE
+
+    class Free(Drafter):
+        calls = 0
+
+        def propose(self, requests, max_len, min_confidence=None, tree=None):
+            return Proposal([Draft() for _ in requests])
+
+        def propose_free(self, requests, max_len):
+            Free.calls += 1
+            return Proposal([Draft([1], None, [0.99]) for _ in requests])
+
+    spec = SpeculativeDecoder(Free(), lambda: make_policy("fixed", 2), explore_every=4)
+    for rows, ms in {1: 10, 2: 10.5, 4: 11, 8: 12, 16: 14, 32: 20}.items():  # rows nearly free: lookups pass selection
+        spec.costs.record_calibration(rows, ms / 1e3)
+    batch = [_decoding(str(i)) for i in range(4)]
+    spec.costs.record_target(4, 11e-3, batch=4)  # bare plain steps: 4 tokens per 11 ms
+    spec.costs.record_yield(4, tokens=4, draft_seconds=0.0, step_seconds=13e-3, shape="chain")  # model drafting loses
+    assert spec.costs.drafting_pays(4) is False
+
+    def plain_step():
+        out = {}
+        spec._step = None
+        spec._plain_step(out, batch, 2)
+        return out
+
+    assert plain_step() and spec._step.shape == FREE_SHAPE  # not measured yet: verified, and measured
+    # they paid: 5 tokens per 11 ms: they stay, and model drafting still does not pay
+    spec.costs.record_yield(4, tokens=int(1.3 * 4), draft_seconds=0.0, step_seconds=11e-3, shape=FREE_SHAPE)
+    assert spec.costs.free_drafts_pay(4) and all(plain_step() for _ in range(6))
+    assert spec.costs.drafting_pays(4) is False
+    # they lost: 4 tokens per 13 ms, worse than bare plain steps: left out but for one step in 4
+    spec.costs.yields[4, FREE_SHAPE] = [1.0, 0.0, 13e-3]
+    assert spec.costs.free_drafts_pay(4) is False
+    calls = Free.calls
+    pattern = "".join("F" if plain_step() else "." for _ in range(8))
+    assert pattern == "...F...F" and Free.calls == calls + 2
