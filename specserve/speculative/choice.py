@@ -7,11 +7,10 @@ says it pays is what keeps a batch of unpredictable sequences near regular decod
 (docs/decisions.md#per-sequence-choice). The sequences left plain are
 probed (drafted for once) after 4, then 8, 16 ... plain steps of their own.
 
-Seeded sampled requests choose from their own acceptance (`own_len`): their output is the one regular
-decoding gives with their seed whatever was drafted (sampling/seeded.py), so only the price of their
-rows comes from the step they ride in.
+Seeded sampled requests are chosen as the others are: their output does not depend on what was
+drafted (sampling/seeded.py).
 
-Lifecycle, per request id: `worth_drafting` / `own_len` each step it decodes, `record` after each of
+Lifecycle, per request id: `worth_drafting` each step it decodes, `record` after each of
 its verify steps, `release` when it finishes.
 """
 from __future__ import annotations
@@ -22,10 +21,6 @@ from typing import Optional
 from ..types import Request
 from .cost_model import CostModel
 
-# The acceptance rate of a predictable stretch (code, repeated text) with the shipped EAGLE draft
-# (docs/decisions.md#per-sequence-choice).
-# A seeded request drafts only where the calibration says drafting pays at this rate.
-OPTIMISTIC_ALPHA = 0.8
 # A shared sequence's own acceptance forgets at this rate per verify step: text turns predictable and
 # back within a reply (a list, then prose), and the choice should follow within a few steps.
 RECENT_DECAY = 0.8
@@ -108,25 +103,6 @@ class SequenceChoice:
         return False
 
     # --- seeded requests --------------------------------------------------------------------------
-    def own_len(self, r: Request, k: int, batch: int) -> int:
-        """A seeded request's draft length in a step of `batch` sequences, from the start-up calibration:
-        none where drafting would not pay even for a predictable sequence (OPTIMISTIC_ALPHA) and a cheap
-        draft; else a full draft first, then what its own acceptance (with a weak prior) predicts with
-        the draft's measured step. After a run of plain steps, one drafting step measures again (without it, one
-        unlucky first draft left a sequence plain to its end: alpha 0 predicts no gain)."""
-        could = self.costs.best_len(batch, k, alpha=OPTIMISTIC_ALPHA, calibrated_only=True)
-        if could is None:  # not calibrated
-            return k
-        if not could:
-            return 0
-        if not r.spec_drafted:
-            return k
-        best = self.costs.best_len(batch, k, alpha=own_alpha(r, self.prior_alpha), calibrated_only=True, measured_draft=True)
-        if best:
-            self.plain.pop(r.request_id, None)
-            return best
-        return k if self.probe_due(r.request_id) else 0
-
     def release(self, request_id: str) -> None:
         self.recent.pop(request_id, None)
         self.plain.pop(request_id, None)

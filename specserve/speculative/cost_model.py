@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 from typing import Optional
 
-DRAFT_COST_GUESS = 0.1  # draft step / target step, for decisions that must not depend on live timings
+DRAFT_COST_GUESS = 0.1  # draft step / target step, before a draft step is measured
 # Drafting must yield this much more than plain steps. Break-even drafting is not neutral: it speeds the
 # sequences whose drafts are accepted and slows the rest with longer steps, so the sequences that finish
 # first (most of the mean per-token latency) lose (docs/decisions.md#cost-model).
@@ -115,12 +115,6 @@ class CostModel:
         """Measured seconds of one steady draft step at this batch size (interpolated; None before any)."""
         return self._interp(self.draft, batch)
 
-    def _draft_or_guess(self, batch: int) -> float:
-        """A draft step at this batch size as measured; before any, DRAFT_COST_GUESS bare target passes
-        (an EAGLE head's share; a standalone draft model's is 0.4-0.5, measured on its first steps)."""
-        t = self.draft_step_seconds(batch)
-        return t if t is not None else DRAFT_COST_GUESS * self._interp(self.calibrated, 1)
-
     def record_draft(self, batch: int, seconds_per_step: float) -> None:
         old = self.draft.get(batch)
         self.draft[batch] = seconds_per_step if old is None else (1 - self.ema) * old + self.ema * seconds_per_step
@@ -210,20 +204,10 @@ class CostModel:
         slope = (table[b] - table[a]) / (b - a)
         return max(table[a] + slope * (x - a), 1e-6)
 
-    def tokens_per_second(self, batch: int, k: int, alpha: Optional[float] = None,
-                          calibrated_only: bool = False, measured_draft: bool = False) -> Optional[float]:
-        """Predicted emitted tokens per second of a step with drafts of length k (k = 0: plain decoding).
-        calibrated_only: the start-up calibration's bare passes, not the live step times, and a draft
-        step of DRAFT_COST_GUESS target passes (an optimistic price: an EAGLE head's), or with
-        measured_draft the draft's measured step where there is one."""
-        if calibrated_only:
-            if not self.calibrated:
-                return None
-            t_target = self._interp(self.calibrated, batch * (k + 1))
-            t_draft = self._draft_or_guess(batch) if measured_draft else DRAFT_COST_GUESS * self._interp(self.calibrated, 1)
-        else:
-            t_target, t_draft = self.step_seconds(batch * (k + 1)), self.draft_step_seconds(batch)
-            alpha = self.alpha if alpha is None else alpha
+    def tokens_per_second(self, batch: int, k: int, alpha: Optional[float] = None) -> Optional[float]:
+        """Predicted emitted tokens per second of a step with drafts of length k (k = 0: plain decoding)."""
+        t_target, t_draft = self.step_seconds(batch * (k + 1)), self.draft_step_seconds(batch)
+        alpha = self.alpha if alpha is None else alpha
         if t_target is None:
             return None
         if k == 0:
@@ -234,17 +218,12 @@ class CostModel:
         expected = (1 - alpha ** (k + 1)) / (1 - alpha)  # Leviathan et al.: tokens per step per sequence
         return batch * expected / (t_target + k * t_draft)
 
-    def break_even_confidence(self, batch: int, calibrated_only: bool = False) -> Optional[float]:
+    def break_even_confidence(self, batch: int) -> Optional[float]:
         """The acceptance probability at which one more draft token per sequence pays for itself: its
         share of a verify row plus a draft step, over the time per token of plain decoding (it grows
-        with the batch: docs/decisions.md#cost-model).
-        calibrated_only: from the start-up calibration and the draft's measured step, as tokens_per_second's."""
-        if calibrated_only:
-            t_plain, t_more = self._interp(self.calibrated, batch), self._interp(self.calibrated, 2 * batch)
-            t_draft = None if t_plain is None else self._draft_or_guess(batch)
-        else:
-            t_plain, t_more = self.step_seconds(batch, batch), self.step_seconds(2 * batch, batch)
-            t_draft = self.draft_step_seconds(batch)
+        with the batch: docs/decisions.md#cost-model)."""
+        t_plain, t_more = self.step_seconds(batch, batch), self.step_seconds(2 * batch, batch)
+        t_draft = self.draft_step_seconds(batch)
         if t_plain is None or t_more is None:
             return None
         if t_draft is None:  # before the first draft step is timed

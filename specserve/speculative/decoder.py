@@ -34,7 +34,7 @@ from .hierarchy import measured_chain
 from .policies import DraftLengthPolicy
 from .selection import select_drafts
 from .stats import SpecStats
-from .verify import Verified, is_seeded
+from .verify import Verified
 
 AUTO_SHAPES = ("chain", "tree")  # what shape "auto" chooses among (registry.SHAPES)
 
@@ -70,7 +70,7 @@ class StepResult:
 
 @dataclass
 class DraftingStep:
-    """The shared (unseeded) batch's drafting this step, for CostModel.record_yield after the step."""
+    """The batch's drafting this step, for CostModel.record_yield after the step."""
 
     batch: int
     tokens: int  # emitted: one per sequence, plus accepted drafts (added by verify)
@@ -93,11 +93,6 @@ class SpeculativeDecoder:
         self.shape, self.tree = (shape if drafter.makes_trees else "chain"), tree or TreeShape()
         self.explore_every, self._auto_steps = explore_every, 0
         self.policy = make_policy()  # shared by the batch, as BASS adapts one length for all
-        # A seeded sampled request's output does not depend on its drafts at all (verify: sampling/
-        # seeded.py). It still gets a policy of its own, and its fallback looks only at its own
-        # acceptance and the start-up calibration at the batch of its own samples, so that what it
-        # drafts, and costs, does not swing with the batch's other requests or live timings.
-        self.own_policies: dict[str, DraftLengthPolicy] = {}
         # A weak prior so the first steps already weigh drafting against plain decoding.
         self.costs = CostModel(prior_alpha=prior_alpha)
         self.calibrator: Optional[Calibrator] = None  # set by the engine: the cost model's start-up calibration
@@ -107,7 +102,7 @@ class SpeculativeDecoder:
         # (so at worst one losing drafting step every retry_max steps: a few percent of a run at most).
         self.retry_every, self.retry_max = retry_every, retry_max
         self._retry = retry_every
-        # which sequences a drafting step drafts for, and a seeded request's own draft length
+        # which sequences a drafting step drafts for
         self.choice = SequenceChoice(self.costs, prior_alpha, retry_every, retry_max)
         self._probed = False
         self._since_spec = 0
@@ -122,10 +117,6 @@ class SpeculativeDecoder:
     def wants_hidden_states(self) -> bool:
         """Whether the target pass must return its last hidden states (for the drafter's observe)."""
         return self.drafter.wants_hidden_states
-
-    @staticmethod
-    def _seeded(r: Request) -> bool:
-        return is_seeded(r.params, r.seed)
 
     @property
     def wants_span_argmax(self) -> bool:
@@ -143,34 +134,11 @@ class SpeculativeDecoder:
         drafts with tokens). prompt_rows: the prompt tokens the step will also carry
         (Scheduler.prompt_rows_next), on top of which the selection prices draft rows."""
         drafts: DraftBatch = {}
-        decoding = [r for r in running if _decoding(r) and r.params.speculative is not False]
-        shared = [r for r in decoding if not self._seeded(r)]
-        # Seeded requests with the same threshold draft together, as far as the longest wants, each
-        # draft then cut to its own length: one draft pass a position for the lot, not one per length
-        # (a request's draws come from its own generator).
-        same_floor: dict[Optional[float], list[tuple[Request, int]]] = {}
-        for r in decoding:
-            if self._seeded(r):
-                policy = self.own_policies.setdefault(r.request_id, self.make_policy())
-                k = policy.draft_len()
-                floor = policy.min_confidence
-                if self.fallback:  # from the request's own acceptance and the calibration
-                    # priced at the step's batch: its rows ride in a pass of every decoding sequence
-                    # (priced at its own samples' batch, seeded batches of 16 verified 27-token
-                    # drafts each and ran at half regular decoding's speed: docs/decisions.md#seeded-batch)
-                    batch = max(len(decoding), r.params.num_samples)
-                    k = self.choice.own_len(r, k, batch)
-                    # and drafting stops where a token is unlikely enough not to pay for its verify row,
-                    # as the shared path's gate
-                    gate = self.costs.break_even_confidence(batch, calibrated_only=True)
-                    floor = max((c for c in (floor, gate) if c is not None), default=None)
-                if k:
-                    same_floor.setdefault(floor, []).append((r, k))
-        for min_confidence, group in same_floor.items():
-            # cut along the step's cost curve, as the shared drafts are (each part priced from the
-            # step's plain rows: a step mixing both prices the second part's rows a little low)
-            self._draft(drafts, [r for r, _ in group], max(k for _, k in group), min_confidence, select=self.fallback,
-                        batch=len(decoding), prompt_rows=prompt_rows, caps=[k for _, k in group])
+        # Seeded sampled requests draft as the others do: their output is the one regular decoding gives
+        # with their seed whatever was drafted (sampling/seeded.py), so the batch's measured costs may
+        # decide their drafts too. (Decided apart, from the calibration alone, a batch of 16 seeded
+        # requests ran at half regular decoding's speed: docs/decisions.md#seeded-batch.)
+        shared = [r for r in running if _decoding(r) and r.params.speculative is not False]
         if not shared:
             return drafts
         k = self.policy.draft_len()
@@ -261,19 +229,15 @@ class SpeculativeDecoder:
             return next(s for s in AUTO_SHAPES if s != best)
         return best
 
-    def _draft(self, out: DraftBatch, requests: list[Request], k: int, min_confidence: Optional[float], select: bool = False,
-               shape: Optional[str] = None, batch: Optional[int] = None, prompt_rows: int = 0,
-               caps: Optional[list[int]] = None) -> None:
-        """shape: "chain" or "tree"; None: a seeded group's, which must not depend on live timings (a tree
-        only where trees are forced). batch: the sequences the step decodes (the drafting ones and
-        those the per-sequence choice leaves plain), which the selection prices rows at, on top of the
-        step's prompt_rows. caps: each request's own draft length (<= k), its draft cut there."""
-        shape = shape or ("tree" if self.shape == "tree" else "chain")
-        room = [draft_room(r) for r in requests] if caps is None else [min(draft_room(r), c) for r, c in zip(requests, caps)]
+    def _draft(self, out: DraftBatch, requests: list[Request], k: int, min_confidence: Optional[float], select: bool,
+               shape: str, batch: int, prompt_rows: int = 0) -> None:
+        """shape: "chain" or "tree". batch: the sequences the step decodes (the drafting ones and those
+        the per-sequence choice leaves plain), which the selection prices rows at, on top of the step's
+        prompt_rows."""
+        room = [draft_room(r) for r in requests]
         k = min(k, max(room))
         if k <= 0:  # every request ends within this step: nothing to draft
-            if select:
-                self._step = None
+            self._step = None
             return
         t0 = time.perf_counter()
         proposal: Proposal = self.drafter.propose(requests, k, min_confidence, self.tree if shape == "tree" else None)
@@ -341,17 +305,11 @@ class SpeculativeDecoder:
         confidences = [[x.draft.confidence[j] for j in x.result.path] + ([0.0] if len(x.result.path) < x.result.depth else [])
                        if x.draft.is_tree else x.draft.confidence for x in verified]
         rejections = sum(a < n for a, n in zip(accepted, depths))
-        seeded = [self._seeded(x.request) for x in verified]
-        shared = [i for i, s in enumerate(seeded) if not s]
         if self._step is not None:
-            self._step.tokens += sum(accepted[i] for i in shared)
-        if shared:
-            self.policy.update([depths[i] for i in shared], [accepted[i] for i in shared], [confidences[i] for i in shared])
-        for i, x in enumerate(verified):
-            if seeded[i]:
-                self.own_policies[x.request.request_id].update([depths[i]], [accepted[i]], [confidences[i]])
-            else:
-                self.choice.record(x.request.request_id, accepted[i], depths[i])
+            self._step.tokens += sum(accepted)
+        self.policy.update(depths, accepted, confidences)
+        for x, a, d in zip(verified, accepted, depths):
+            self.choice.record(x.request.request_id, a, d)
         self.costs.record_acceptance(sum(accepted), rejections)
         s = self.stats
         s.spec_steps += 1
@@ -360,7 +318,7 @@ class SpeculativeDecoder:
         s.accepted += sum(accepted)
         s.rejections += rejections
         s.record_positions(depths, accepted)
-        trees = [i for i, x in enumerate(verified) if x.draft.is_tree and not seeded[i]]
+        trees = [i for i, x in enumerate(verified) if x.draft.is_tree]
         s.tree_spans += len(trees)
         s.tree_nodes += sum(drafted[i] for i in trees)
         for x, a, n in zip(verified, accepted, drafted):
@@ -398,7 +356,6 @@ class SpeculativeDecoder:
         self._step = None
 
     def release(self, request: Request) -> None:
-        self.own_policies.pop(request.request_id, None)
         self.choice.release(request.request_id)
         self.drafter.release(request)
 
