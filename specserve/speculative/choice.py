@@ -102,15 +102,7 @@ class SequenceChoice:
         self.plain[request_id] = (since + 1, retry)
         return False
 
-    # --- seeded requests --------------------------------------------------------------------------
     def release(self, request_id: str) -> None:
         self.recent.pop(request_id, None)
         self.plain.pop(request_id, None)
 
-
-def own_alpha(r: Request, prior: float) -> float:
-    """A request's own acceptance estimate from its verify steps: accepted tokens over accepted tokens
-    and rejections, with `prior` worth 2 pseudo-tokens (as CostModel's; the prior alone before any)."""
-    accepted = sum(r.spec_accepted)
-    rejections = sum(a < n for a, n in zip(r.spec_accepted, r.spec_drafted))
-    return (accepted + 2 * prior) / (accepted + rejections + 2)
