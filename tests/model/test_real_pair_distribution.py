@@ -102,7 +102,9 @@ def test_staged_sampling_on_the_real_pair_has_regular_decodings_distribution(mon
 
 @pytest.mark.parametrize("spec", [
     dict(method="draft"), dict(method="draft", draft_vocab=65536), dict(method="staged", stages=["draft", "lookup"]),
-    dict(method="suffix"), dict(method="auto")], ids=["draft", "draft-fr", "staged", "suffix", "auto"])
+    dict(method="suffix"), dict(method="auto"), dict(method="draft", shape="tree"),
+    dict(method="draft", shape="tree", tree_top_k=2, tree_beam=1, tree_max_nodes=8)],
+    ids=["draft", "draft-fr", "staged", "suffix", "auto", "draft-tree", "draft-tree-narrow"])
 def test_every_method_on_the_real_pair_gives_regular_decodings_tokens_at_batch_1_and_8(spec, pair_reference):
     """Greedy, 48 tokens, 8 HumanEval prompts through the chat template, fallback off (every step drafts);
     and seeded sampling repeats, alone and in a batch."""
