@@ -3,9 +3,10 @@ most frequent tokens only, and speculation stays lossless, plain and staged, gre
 import numpy as np
 import pytest
 
-from specserve import LLM, SamplingParams
+from specserve import LLM
 from specserve.drafters import vocab
 
+from .spec_checks import GREEDY, PROMPTS, SEEDED, regular_tokens
 from .tiny import VOCAB, make_tiny
 
 pytest.importorskip("transformers")
@@ -37,12 +38,8 @@ def test_the_most_frequent_tokens_and_every_added_one():
 @pytest.mark.parametrize("method", ["draft", "staged"])
 def test_a_reduced_draft_vocabulary_stays_lossless(pair, method):
     target, draft = pair
-    prompts = [[5, 6, 7, 8, 5, 6], [9, 40, 3, 9], [1, 2, 3]]
-    greedy = SamplingParams(temperature=0, max_tokens=24)
-    seeded = SamplingParams(temperature=0.8, max_tokens=24, seed=3)
-    base = LLM(target, kv_cache_gib=0.01, block_size=4)
-    ref = [o.outputs[0].token_ids for o in base.generate(prompts, greedy)]
-    ref_seeded = [o.outputs[0].token_ids for o in base.generate(prompts, seeded)]
+    prompts, greedy, seeded = PROMPTS, GREEDY, SEEDED
+    ref, ref_seeded = regular_tokens(target)
     spec = dict(method=method, draft_model=draft, draft_vocab=64, policy="fixed", draft_len=3, fallback=False)
     if method == "staged":
         spec["stages"] = ["draft", "lookup"]
