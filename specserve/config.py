@@ -48,6 +48,10 @@ class ModelConfig:
     cuda_graphs: bool = option(
         True, "on CUDA, run every step eagerly (default: decode and verify steps replay CUDA graphs)",
         flag="--no-cuda-graphs")
+    # With graphs, greedy decodes (EAGLE's too: draft, verify, accept) run up to this many rounds on the GPU
+    # between host syncs (cuda/rounds.py); 0: one step per sync. Ignored on CPU.
+    cuda_rounds: int = option(16, "on CUDA with graphs, run up to N greedy decode rounds (EAGLE: draft, verify and "
+                                  "accept) on the GPU per host sync (default 16; 0: one step per sync)")
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -63,6 +67,7 @@ class ModelConfig:
             _check_int("num_threads", self.num_threads, 1)
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
+        _check_int("cuda_rounds", self.cuda_rounds, 0)
 
     def resolved_dtype(self) -> str:
         """auto: bfloat16 on CUDA (GGUF weights dequantised at load; half the bytes a step reads),

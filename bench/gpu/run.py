@@ -291,7 +291,8 @@ def stage_smollm(args, rec) -> None:
     n_b1 = 2 if dry else args.b1_prompts
     batches = [1, 2] if dry else [1, 8, 16]
     texts = humaneval_prompts(16)
-    kw = dict(device=dev, max_num_seqs=16, kv_cache_gib=1.0 if not dry else 0.25)
+    # one step per host sync unless a variant asks for rounds (cuda_rounds): the baselines of runs 1-8
+    kw = dict(device=dev, max_num_seqs=16, kv_cache_gib=1.0 if not dry else 0.25, cuda_rounds=0)
     regular: dict = {}
 
     def sweep(tag, llm, bs_list, n1=n_b1):
@@ -333,18 +334,33 @@ def stage_smollm(args, rec) -> None:
         sweep(f"{dtag}_graph", llm, [1, batches[1]])
         del llm
         free()
-        variants = [("auto", {"fallback": True}, True)] + [
+        variants = [] if args.rounds_only else [("auto", {"fallback": True}, True)] + [
             (f"k{k}", {"fallback": False, "policy": "fixed", "draft_len": k}, True) for k in args.spec_lens]
-        for d in args.tree_depths:  # --spec-eager: the same trees without graphs (is a difference the graphs'?)
+        for d in ([] if args.rounds_only else args.tree_depths):  # --spec-eager: the same trees without graphs
             tree = {"fallback": False, "policy": "fixed", "draft_len": d, "shape": "tree"}
             variants += [(f"tree_d{d}", tree, True)] + ([(f"tree_d{d}_eager", tree, False)] if args.spec_eager else [])
-        for name, opts, graphs in variants:
+        for m in args.rounds:  # cuda/rounds.py: M rounds per host sync, regular decoding's and EAGLE chains'
+            pre = f"rounds{m}"
+            variants += [(f"{pre}_regular", None, True, m)] + [
+                (f"{pre}_k{k}", {"fallback": False, "policy": "fixed", "draft_len": k}, True, m) for k in args.spec_lens]
+        for name, opts, graphs, *m in variants:
             tag = f"{dtag}_spec_{name}"
             with rec.section(f"smollm.{tag}"):
-                llm = LLM(dtype=dt, cuda_graphs=graphs, **dict(kw, speculative={"method": "draft", **opts}))
+                spec = None if opts is None else {"method": "draft", **opts}
+                llm = LLM(dtype=dt, cuda_graphs=graphs, **dict(kw, speculative=spec, cuda_rounds=m[0] if m else 0))
                 sweep(tag, llm, [1, batches[1]])
-                st = llm.spec_stats()
-                rec.put("smollm", f"{tag}_stats", {k: st.get(k) for k in ("alpha", "c", "spec_steps", "drafted", "accepted")})
+                if spec is not None:
+                    st = llm.spec_stats()
+                    rec.put("smollm", f"{tag}_stats", {k: st.get(k) for k in ("alpha", "c", "spec_steps", "drafted", "accepted")})
+                r = llm.engine.rounds
+                if r is not None:
+                    rec.put("smollm", f"{tag}_rounds", {"seq_rounds": r.rounds, "drafted": r.drafted, "accepted": r.accepted,
+                                                        "tokens_per_round": (r.rounds + r.accepted) / max(1, r.rounds),
+                                                        "seconds": llm.engine.rounds_time})
+                    # per batch of n sequences: tokens a sequence gets per round, GPU ms per round (events)
+                    rec.put("smollm", f"{tag}_rounds_by_batch", {
+                        n: {"rounds": st[0], "tokens_per_seq_round": round(st[1] / (st[0] * n), 3),
+                            "gpu_ms_per_round": round(st[2] / st[0] * 1e3, 4)} for n, st in sorted(r.by_batch.items())})
                 del llm
                 free()
             for b in (1, batches[1]):
@@ -649,10 +665,14 @@ def main(argv=None) -> int:
     p.add_argument("--tree-depths", default="", help="with --only spec: EAGLE token trees (15 nodes) of these depths")
     p.add_argument("--spec-dtype", default="bfloat16", choices=["bfloat16", "float32"], help="with --only spec")
     p.add_argument("--spec-eager", action="store_true", help="with --only spec: trees without graphs too")
+    p.add_argument("--rounds", default="16", help="with --only spec: also regular decoding and EAGLE chains "
+                   "(--spec-lens) in rounds of M per host sync, for each M listed (cuda_rounds; '': none)")
+    p.add_argument("--rounds-only", action="store_true", help="with --only spec: the rounds variants only")
     p.add_argument("--compile-batches", default="1", help="batch sizes for HF static cache + torch.compile")
     args = p.parse_args(argv)
     args.compile_batches = [int(b) for b in args.compile_batches.split(",") if b]
     args.spec_lens = [int(k) for k in args.spec_lens.split(",") if k]
+    args.rounds = [int(m) for m in args.rounds.split(",") if m]
     args.tree_depths = [int(d) for d in args.tree_depths.split(",") if d]
     if args.dry_run:
         args.prompt_len = 12

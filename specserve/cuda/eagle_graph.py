@@ -103,40 +103,37 @@ class EagleChainGraphs:
         self._pick(self.f[:n].clone(), n, self.counter)
 
     def _step(self, n: int) -> None:
-        """One draft pass for n rows: EagleServing.forward with the fused ops, reading its step's row."""
-        net, d = self.net, self.drafter
-        H, Hkv, D = self.H, self.Hkv, self.D
+        """One draft pass for n rows, reading its step's row of the table."""
         cur = self.steps.index_select(0, self.counter)[0]  # [3, B]
-        pos, slot = cur[0, :n], cur[1, :n]
-        kc, vc = d.kv.cache.k[0], d.kv.cache.v[0]
-        embeds = d.target.embed_rows(self.tok[:n]).float()
-        x = net.fc(torch.cat([embeds, self.f[:n]], dim=-1))  # [n, hidden]
-        x, h = self.norm(x, None, net.attn_norm, self.eps)
-        qkv = net.qkv(h)
-        rot = d.target.rotary
-        self.rope_store(qkv, pos, rot.cos, rot.sin, kc, vc, slot, H, Hkv, D)
         inp = types.SimpleNamespace(seq=self.seq, limit=cur[2], tables=self.tables, span_start=self.span,
                                     tree=self.tree, block_size=self.block_size, max_span=1)
-        a = self.attend(qkv[:, :H * D].view(n, H, D), kc, vc, inp, D ** -0.5)
-        x, h = self.norm(x, net.o(a.reshape(n, H * D)), net.ffn_norm, self.eps)
-        f = x + net.down(self.silu_mul(net.gate_up(h)))
+        f = self.eagle_pass(self.tok[:n], self.f[:n], cur[0, :n], cur[1, :n], inp)
         self._pick(f, n, self.counter + 1)
         self.counter.add_(1)
 
-    def _rows(self, T: int) -> torch.Tensor:
-        """One draft pass over the first T rows of `rows` and `feats` -> predicted features [T, hidden]
-        (EagleServing.forward with the fused ops)."""
-        net, d, inp = self.net, self.drafter, self.rows
+    def eagle_pass(self, ids: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                   inp) -> torch.Tensor:
+        """One draft pass (EagleServing.forward with the fused ops), graph-safe: ids [T] (target ids) and
+        the features before them [T, hidden] float32 at positions [T], their K/V written to slots [T]
+        (-1: nowhere), inp: the attention's inputs as StaticInputs names them (seq, limit, tables,
+        span_start, tree, block_size, max_span) -> predicted features [T, hidden] float32."""
+        net, d = self.net, self.drafter
         H, Hkv, D = self.H, self.Hkv, self.D
+        T = ids.shape[0]
         kc, vc = d.kv.cache.k[0], d.kv.cache.v[0]
-        x = net.fc(torch.cat([d.target.embed_rows(inp.ids[:T]).float(), self.feats[:T]], dim=-1))  # [T, hidden]
+        x = net.fc(torch.cat([d.target.embed_rows(ids).float(), feats], dim=-1))  # [T, hidden]
         x, h = self.norm(x, None, net.attn_norm, self.eps)
         qkv = net.qkv(h)
         rot = d.target.rotary
-        self.rope_store(qkv, inp.positions[:T], rot.cos, rot.sin, kc, vc, inp.slots[:T], H, Hkv, D)
+        self.rope_store(qkv, positions, rot.cos, rot.sin, kc, vc, slots, H, Hkv, D)
         a = self.attend(qkv[:, :H * D].view(T, H, D), kc, vc, inp, D ** -0.5)
         x, h = self.norm(x, net.o(a.reshape(T, H * D)), net.ffn_norm, self.eps)
         return x + net.down(self.silu_mul(net.gate_up(h)))
+
+    def _rows(self, T: int) -> torch.Tensor:
+        """One draft pass over the first T rows of `rows` and `feats` -> predicted features [T, hidden]."""
+        inp = self.rows
+        return self.eagle_pass(inp.ids[:T], self.feats[:T], inp.positions[:T], inp.slots[:T], inp)
 
     def _rows_graph_body(self, T: int) -> None:
         self.rows_out[:T].copy_(self._rows(T))

@@ -24,6 +24,7 @@ from ..scheduler.scheduler import ScheduledRequest, Scheduler
 from ..speculative import Calibrator, Observed, SpeculativeDecoder, StepResult, VerifiedDraft, calibrate, make_policy, measure_prefill_chunk
 from ..speculative.verify import Verified, is_seeded, verify
 from ..types import FinishReason, Request, RequestStatus, SamplingParams, TokenOrigin
+from . import rounds
 from .guided import GuidedDecoding, prune_drafts
 from .runner import ModelRunner, StepOutput
 from .threads import ThreadGovernor
@@ -97,6 +98,10 @@ class LLMEngine:
                                                                 spec_config.tree_max_nodes))
         if self.speculator is not None and hasattr(self.runner, "graphs"):  # the CUDA-graph runner
             _graph_drafter(self.speculator.drafter, config, self.max_model_len)
+        self.rounds = None  # cuda.rounds.DeviceRounds: greedy decode rounds on the GPU (engine/rounds.py)
+        self.rounds_time = 0.0
+        if mc.cuda_rounds and hasattr(self.runner, "graphs"):
+            self.rounds = rounds.build(self.runner, self.speculator, mc.cuda_rounds, config)
         # Prefix caching skips the prefill of cached blocks; a drafter that reads the target's hidden state
         # at every position (EAGLE) would miss theirs, so the KV keeps them beside every slot.
         self.prefix_caching = cc.enable_prefix_caching
@@ -225,6 +230,8 @@ class LLMEngine:
 
     def _step(self) -> list[tuple[Request, str]]:
         expired = self._expire()
+        if self.rounds is not None and (done := rounds.step(self, self.rounds)) is not None:
+            return expired + done
         spec = self.speculator
         drafts = None
         if spec is not None:

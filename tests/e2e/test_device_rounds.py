@@ -1,0 +1,82 @@
+"""Greedy rounds on the device (cuda/rounds.py, engine/rounds.py) inside the whole engine, on CPU (the
+round bodies run uncaptured, with the torch references of the fused ops): regular decoding's and
+EAGLE's rounds give the eager engine's regular-decoding tokens, whatever the batch, the requests'
+lengths and stops, and leave the engine able to go on with ordinary steps."""
+import pytest
+
+from specserve import LLM, SamplingParams
+from specserve.cuda.eagle_graph import EagleChainGraphs
+from specserve.engine import rounds
+from specserve.engine.graph_runner import GraphModelRunner
+
+PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n", "class Stack:", "SELECT name FROM"]
+KW = dict(block_kernels=False, max_model_len=512, prefill_chunk=None, kv_cache_gib=0.05)
+
+
+def _with_rounds(llm: LLM, max_rounds: int, draft_len: int = 3):
+    """What LLMEngine builds on CUDA with cuda_rounds: the graph runner, EAGLE's graph passes, the rounds."""
+    eng = llm.engine
+    eager = eng.runner
+    eng.runner = GraphModelRunner(eager.model, eager.kv, eager.device, eager.attention, eager.plain_attention,
+                                  max_seqs=8, max_model_len=512, max_graph_tokens=32, max_step_tokens=256,
+                                  use_triton=False)
+    if eng.speculator is not None:
+        d = eng.speculator.drafter
+        d.chain_graphs = EagleChainGraphs(d, 8, 512, capture=False, use_triton=False)
+        eng.config.speculative.draft_len = draft_len
+    eng.rounds = rounds.build(eng.runner, eng.speculator, max_rounds, eng.config)
+    return eng.rounds
+
+
+def _tokens(llm, prompts, params):
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("caching", [False, True])
+@pytest.mark.parametrize("method", [None, "draft"])
+def test_rounds_give_regular_decodings_tokens(method, caching):
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in (23, 9, 30, 17, 12)]  # 5 rows: padded to 6
+    plain = LLM(enable_prefix_caching=caching, **KW)
+    ref = _tokens(plain, PROMPTS, params)
+    ref1 = _tokens(plain, PROMPTS[1:2], params[2])
+    spec = None if method is None else {"method": method, "fallback": False}
+    llm = LLM(enable_prefix_caching=caching, speculative=spec, **KW)
+    r = _with_rounds(llm, max_rounds=4)
+    assert _tokens(llm, PROMPTS, params) == ref
+    assert _tokens(llm, PROMPTS[1:2], params[2]) == ref1  # batch 1, after the batch (a prefix-cache hit)
+    assert r.rounds > 0 and llm.engine.rounds_time > 0  # the decodes went through the rounds
+    if method is not None:
+        assert r.drafted > 0 and 0 < r.accepted <= r.drafted
+
+
+def test_rounds_stop_where_regular_decoding_stops():
+    """EOS and stop strings met inside a run of rounds: the tokens after them are dropped."""
+    base = SamplingParams(temperature=0, max_tokens=40)
+    plain = _tokens(LLM(**KW), PROMPTS, base)
+    stop_text = LLM(**KW).tokenizer.decode(plain[0][5:7])
+    params = SamplingParams(temperature=0, max_tokens=40, stop=[stop_text])
+    ref = LLM(**KW).generate(PROMPTS, params)
+    llm = LLM(speculative={"method": "draft", "fallback": False}, **KW)
+    _with_rounds(llm, max_rounds=8, draft_len=4)
+    got = llm.generate(PROMPTS, params)
+    assert [o.outputs[0].text for o in got] == [o.outputs[0].text for o in ref]
+    assert [o.outputs[0].finish_reason for o in got] == [o.outputs[0].finish_reason for o in ref]
+    assert got[0].outputs[0].finish_reason == "stop"
+    assert llm.engine.scheduler.blocks.num_free_blocks == llm.engine.scheduler.blocks.num_blocks  # nothing held
+
+
+def test_sampled_requests_take_the_ordinary_step():
+    llm = LLM(speculative={"method": "draft", "fallback": False}, **KW)
+    r = _with_rounds(llm, max_rounds=4)
+    params = SamplingParams(temperature=0.8, seed=1, max_tokens=8)
+    ref = _tokens(LLM(speculative={"method": "draft", "fallback": False}, **KW), PROMPTS[:1], params)
+    assert _tokens(llm, PROMPTS[:1], params) == ref
+    assert r.rounds == 0
+
+
+def test_rounds_are_a_cuda_graph_option():
+    """On by default (16 a sync) where the graph runner runs, off on CPU; a negative count is refused."""
+    llm = LLM(**KW)
+    assert llm.config.model.cuda_rounds == 16 and llm.engine.rounds is None
+    with pytest.raises(ValueError, match="cuda_rounds"):
+        LLM(cuda_rounds=-1, **KW)
