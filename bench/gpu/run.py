@@ -352,11 +352,12 @@ def stage_smollm(args, rec) -> None:
                 if spec is not None:
                     st = llm.spec_stats()
                     rec.put("smollm", f"{tag}_stats", {k: st.get(k) for k in ("alpha", "c", "spec_steps", "drafted", "accepted")})
-                r = llm.engine.rounds
-                if r is not None:
+                driver = llm.engine.rounds
+                if driver is not None:
+                    r = driver.dev
                     rec.put("smollm", f"{tag}_rounds", {"seq_rounds": r.rounds, "drafted": r.drafted, "accepted": r.accepted,
                                                         "tokens_per_round": (r.rounds + r.accepted) / max(1, r.rounds),
-                                                        "seconds": llm.engine.rounds_time})
+                                                        "seconds": driver.time})
                     # per batch of n sequences: tokens a sequence gets per round, GPU ms per round (events)
                     rec.put("smollm", f"{tag}_rounds_by_batch", {
                         n: {"rounds": st[0], "tokens_per_seq_round": round(st[1] / (st[0] * n), 3),

@@ -22,6 +22,10 @@ decoding picks at that position after the same context: exactly in float32; in b
 rounding of a product of R rows per sequence against regular decoding's one (README, GPU section).
 A sequence that stops during the M rounds goes on computing into its reserved KV slots; the host
 drops its tokens past the stop.
+
+Runs queue: `launch` starts one from the host's state, `extend` queues the next from where the last
+leaves the device state (outputs alternate between two slots), `collect` waits for one run only, so
+the host appends one run's tokens while the next computes (engine/rounds.py).
 """
 from __future__ import annotations
 
@@ -52,7 +56,19 @@ class RoundsInput:
 class RoundsOutput:
     tokens: list[list[int]]  # per sequence, every round's new tokens in order
     counts: list[list[int]]  # per sequence, new tokens per round (1 + accepted drafts)
-    feats: list[Optional[torch.Tensor]]  # per sequence, the features the draft has not fed after the last round
+
+
+@dataclass
+class Flight:
+    """A run of rounds queued on the device: its output slot (runs alternate between two, so one can
+    be read while the next runs), padded and real sequences, rounds, and where its tokens land."""
+
+    slot: int
+    size: int
+    n: int
+    rounds: int
+    host: torch.Tensor  # pinned: [rounds n R] tokens, then [rounds n] counts
+    events: Optional[list]  # CUDA events: start, end (the tokens copied)
 
 
 class DeviceRounds:
@@ -77,9 +93,14 @@ class DeviceRounds:
         self.live = torch.zeros(B, dtype=torch.bool, device=dev)
         self.P = torch.zeros(B, R, hidden, dtype=torch.float32, device=dev)
         self.Ptok = torch.zeros(B, R, **long)
-        self.out_tok = torch.zeros(max_rounds, B, R, **long)
-        self.out_n = torch.zeros(max_rounds, B, **long)
-        self.hist = torch.zeros(max_rounds, B, R, hidden, dtype=torch.float32, device=dev)  # for kv.features
+        # outputs, by round: two runs' worth (slot 0: rows < M, slot 1: rows M .. 2M - 1)
+        self.out_tok = torch.zeros(2 * max_rounds, B, R, **long)
+        self.out_n = torch.zeros(2 * max_rounds, B, **long)
+        self.hist = torch.zeros(2 * max_rounds, B, R, hidden, dtype=torch.float32, device=dev)  # for kv.features
+        self.state = torch.zeros(4, B, **long)  # uploaded: L, last, c, live
+        self._pin = dev.type == "cuda"
+        self._pinned: dict = {}  # pinned host buffers, by (slot, what): a slot's are reused two runs later
+        self._slot = 1
         self.counter = torch.zeros(1, **long)
         self.ar = torch.arange(R, **long)
         self.rows_seq = torch.arange(B, dtype=torch.int32, device=dev).repeat_interleave(R)  # [B R]: each row's sequence
@@ -192,39 +213,64 @@ class DeviceRounds:
         ok = 1 <= num_seqs <= self.max_seqs and num_blocks <= self.runner.inputs.max_blocks
         return ok and (self.g is None or draft_blocks <= self.d_tables.shape[1])
 
+    def _upload(self, slot: int, host: np.ndarray, dst: torch.Tensor) -> None:
+        """Copy host [rows, cols] into dst's first rows through slot's pinned buffer, without blocking:
+        a pageable copy would wait for the run in flight, which is what a queued run must not do."""
+        buf = self._pinned.setdefault((slot, dst.data_ptr()), torch.zeros(dst.shape, dtype=dst.dtype, pin_memory=self._pin))
+        buf[:len(host)].copy_(torch.from_numpy(host))
+        dst[:len(host)].copy_(buf[:len(host)], non_blocking=True)
+
     @torch.inference_mode()
-    def run(self, seqs: list[RoundsInput], rounds: int) -> RoundsOutput:
-        """`rounds` rounds (<= M) for the sequences; one host sync at the end."""
+    def launch(self, seqs: list[RoundsInput], rounds: int) -> Flight:
+        """Queue `rounds` rounds (<= M) of the sequences from their host state; nothing waits."""
         n = len(seqs)
         size = padded_size(n, self.sizes)
         if size is None or not 1 <= rounds <= self.M:
             raise ValueError(f"{n} sequences, {rounds} rounds: past the buffers ({self.max_seqs}, {self.M})")
-        R, dev, inp = self.R, self.device, self.runner.inputs
-        tab = np.zeros((size, inp.max_blocks), dtype=np.int32)
-        for b, s in enumerate(seqs):
-            tab[b, :len(s.table)] = s.table
-        inp.tables[:size].copy_(torch.from_numpy(tab))
-        inp.span_start[:size].fill_(NO_TREE)
-        state = np.zeros((4, size), dtype=np.int64)  # L, last, c, live
+        slot = self._slot = 1 - self._slot
+        state = np.zeros((4, self.max_seqs), dtype=np.int64)  # L, last, c, live
         state[2] = 1
         for b, s in enumerate(seqs):
             state[:, b] = (s.num_computed, s.last_token, 1 if s.feats is None else len(s.feats), 1)
-        st = torch.from_numpy(state).to(dev)
-        self.L[:size].copy_(st[0])
-        self.last[:size].copy_(st[1])
-        self.c[:size].copy_(st[2])
-        self.live[:size].copy_(st[3] > 0)
+        self._upload(slot, state, self.state)
+        self.L[:size].copy_(self.state[0, :size])
+        self.last[:size].copy_(self.state[1, :size])
+        self.c[:size].copy_(self.state[2, :size])
         if self.g is not None:
-            dt = np.zeros((size, self.d_tables.shape[1]), dtype=np.int32)
-            ptok = np.zeros((size, R), dtype=np.int64)
+            ptok = np.zeros((size, self.R), dtype=np.int64)
             for b, s in enumerate(seqs):
-                dt[b, :len(s.draft_table)] = s.draft_table
                 ptok[b, :len(s.feat_tokens)] = s.feat_tokens
                 self.P[b, :len(s.feats)].copy_(s.feats)
-            self.d_tables[:size].copy_(torch.from_numpy(dt))
-            self.Ptok[:size].copy_(torch.from_numpy(ptok))
-        self.counter.zero_()
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.capture else None
+            self._upload(slot, ptok, self.Ptok)
+        self.runner.inputs.span_start[:size].fill_(NO_TREE)
+        return self._queue(slot, size, n, rounds, [s.table for s in seqs], [s.draft_table for s in seqs], state[3, :n] > 0)
+
+    @torch.inference_mode()
+    def extend(self, flight: Flight, rounds: int, tables: list[list[int]], draft_tables: list, live: list[bool]) -> Flight:
+        """Queue `rounds` more rounds of the sequences of `flight` (the last run queued), from where it
+        leaves them on the device: their (grown) block tables, and live False for those that stopped."""
+        if not 1 <= rounds <= self.M:
+            raise ValueError(f"{rounds} rounds: past the buffers ({self.M})")
+        slot = self._slot = 1 - self._slot
+        return self._queue(slot, flight.size, flight.n, rounds, tables, draft_tables, np.asarray(live, dtype=bool))
+
+    def _queue(self, slot: int, size: int, n: int, rounds: int, tables, draft_tables, live: np.ndarray) -> Flight:
+        inp = self.runner.inputs
+        tab = np.zeros((size, inp.max_blocks), dtype=np.int32)
+        for b, t in enumerate(tables):
+            tab[b, :len(t)] = t
+        self._upload(slot, tab, inp.tables)
+        if self.g is not None:
+            dt = np.zeros((size, self.d_tables.shape[1]), dtype=np.int32)
+            for b, t in enumerate(draft_tables):
+                dt[b, :len(t)] = t
+            self._upload(slot, dt, self.d_tables)
+        alive = np.zeros((1, self.max_seqs), dtype=np.int64)
+        alive[0, :len(live)] = live
+        self._upload(slot, alive, self.state[3:4])
+        self.live[:size].copy_(self.state[3, :size] > 0)
+        self.counter.fill_(slot * self.M)  # this run's rows of the outputs
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.capture else None
         if ev:
             ev[0].record()
         for _ in range(rounds):
@@ -232,9 +278,21 @@ class DeviceRounds:
                 self.graphs[size].replay()
             else:
                 self._round(size)
+        a = slot * self.M
+        out = torch.cat([self.out_tok[a:a + rounds, :n].reshape(-1), self.out_n[a:a + rounds, :n].reshape(-1)])
+        host = self._pinned.setdefault(("out", slot), torch.zeros(self.out_tok[:self.M].numel() + self.out_n[:self.M].numel(),
+                                                                 dtype=torch.long, pin_memory=self._pin))
+        host[:len(out)].copy_(out, non_blocking=True)
         if ev:
             ev[1].record()
-        host = torch.cat([self.out_tok[:rounds, :n].reshape(-1), self.out_n[:rounds, :n].reshape(-1)]).cpu()  # the sync
+        return Flight(slot, size, n, rounds, host, ev)
+
+    def collect(self, flight: Flight) -> RoundsOutput:
+        """Wait for `flight` (only: a run queued behind it goes on) and read its tokens."""
+        if flight.events:
+            flight.events[1].synchronize()
+        n, rounds, R = flight.n, flight.rounds, self.R
+        host = flight.host[:rounds * n * (R + 1)]
         toks = host[:rounds * n * R].view(rounds, n, R).numpy()
         cnt = host[rounds * n * R:].view(rounds, n).numpy()
         self.rounds += rounds * n
@@ -243,23 +301,25 @@ class DeviceRounds:
         st = self.by_batch.setdefault(n, [0, 0, 0.0])  # rounds, tokens, GPU seconds
         st[0] += rounds
         st[1] += int(cnt.sum())
-        st[2] += ev[0].elapsed_time(ev[1]) / 1e3 if ev else 0.0
-        out = RoundsOutput([], [], [])
+        st[2] += flight.events[0].elapsed_time(flight.events[1]) / 1e3 if flight.events else 0.0
+        out = RoundsOutput([], [])
         for b in range(n):
             out.counts.append(cnt[:, b].tolist())
             out.tokens.append([int(t) for m in range(rounds) for t in toks[m, b, :cnt[m, b]]])
-            c = int(cnt[rounds - 1, b])
-            out.feats.append(self.P[b, :c].clone() if self.g is not None else None)
         return out
 
-    def accepted_hidden(self, counts: list[list[int]]) -> torch.Tensor:
+    def pending_feats(self, b: int, c: int) -> torch.Tensor:
+        """Row b's target features the draft has not fed [c, hidden], after the last run queued."""
+        return self.P[b, :c].clone()
+
+    def accepted_hidden(self, flight: Flight, counts: list[list[int]]) -> torch.Tensor:
         """The target's hidden rows of every round's new tokens' positions, sequence by sequence in order
         [sum(counts), hidden] (what kv.features keeps beside the KV, for prefix-cache hits)."""
         m, b, i = [], [], []
         for s, per in enumerate(counts):
             for r, k in enumerate(per):
-                m.extend([r] * k)
+                m.extend([flight.slot * self.M + r] * k)
                 b.extend([s] * k)
                 i.extend(range(k))
-        idx = torch.tensor([m, b, i], dtype=torch.long, device=self.device)
+        idx = torch.tensor([m, b, i], dtype=torch.long, pin_memory=self._pin).to(self.device, non_blocking=True)
         return self.hist[idx[0], idx[1], idx[2]]

@@ -98,8 +98,7 @@ class LLMEngine:
                                                                 spec_config.tree_max_nodes))
         if self.speculator is not None and hasattr(self.runner, "graphs"):  # the CUDA-graph runner
             _graph_drafter(self.speculator.drafter, config, self.max_model_len)
-        self.rounds = None  # cuda.rounds.DeviceRounds: greedy decode rounds on the GPU (engine/rounds.py)
-        self.rounds_time = 0.0
+        self.rounds = None  # engine/rounds.py's RoundsDriver: greedy decode rounds on the GPU
         if mc.cuda_rounds and hasattr(self.runner, "graphs"):
             self.rounds = rounds.build(self.runner, self.speculator, mc.cuda_rounds, config)
         # Prefix caching skips the prefill of cached blocks; a drafter that reads the target's hidden state
@@ -230,7 +229,7 @@ class LLMEngine:
 
     def _step(self) -> list[tuple[Request, str]]:
         expired = self._expire()
-        if self.rounds is not None and (done := rounds.step(self, self.rounds)) is not None:
+        if self.rounds is not None and (done := self.rounds.step(self)) is not None:
             return expired + done
         spec = self.speculator
         drafts = None

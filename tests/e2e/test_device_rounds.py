@@ -44,9 +44,9 @@ def test_rounds_give_regular_decodings_tokens(method, caching):
     r = _with_rounds(llm, max_rounds=4)
     assert _tokens(llm, PROMPTS, params) == ref
     assert _tokens(llm, PROMPTS[1:2], params[2]) == ref1  # batch 1, after the batch (a prefix-cache hit)
-    assert r.rounds > 0 and llm.engine.rounds_time > 0  # the decodes went through the rounds
+    assert r.dev.rounds > 0 and r.time > 0  # the decodes went through the rounds
     if method is not None:
-        assert r.drafted > 0 and 0 < r.accepted <= r.drafted
+        assert r.dev.drafted > 0 and 0 < r.dev.accepted <= r.dev.drafted
 
 
 def test_rounds_stop_where_regular_decoding_stops():
@@ -71,7 +71,7 @@ def test_sampled_requests_take_the_ordinary_step():
     params = SamplingParams(temperature=0.8, seed=1, max_tokens=8)
     ref = _tokens(LLM(speculative={"method": "draft", "fallback": False}, **KW), PROMPTS[:1], params)
     assert _tokens(llm, PROMPTS[:1], params) == ref
-    assert r.rounds == 0
+    assert r.dev.rounds == 0
 
 
 def test_rounds_are_a_cuda_graph_option():
