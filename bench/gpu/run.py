@@ -292,7 +292,8 @@ def stage_smollm(args, rec) -> None:
     batches = [1, 2] if dry else [1, 8, 16]
     texts = humaneval_prompts(16)
     # one step per host sync unless a variant asks for rounds (cuda_rounds): the baselines of runs 1-8
-    kw = dict(device=dev, max_num_seqs=16, kv_cache_gib=1.0 if not dry else 0.25, cuda_rounds=0)
+    kw = dict(device=dev, max_num_seqs=16, kv_cache_gib=1.0 if not dry else 0.25, cuda_rounds=0,
+              prefill_chunk=None if args.prefill_chunk == "none" else args.prefill_chunk)
     regular: dict = {}
 
     def sweep(tag, llm, bs_list, n1=n_b1):
@@ -312,6 +313,8 @@ def stage_smollm(args, rec) -> None:
                 rec.put("smollm", f"{tag}_b{b}_ms", r["ms_per_token"])
                 rec.put("smollm", f"{tag}_b{b}_step_ms", decode_step_ms(log))
                 rec.put("smollm", f"{tag}_b{b}_step_paths", dict(Counter(k for _, ks in log for k in ks)))
+                if args.step_log:  # every engine step of the last sequence(s) run: ms and the runner's paths
+                    rec.put("smollm", f"{tag}_b{b}_steps", [(round(dt * 1e3, 3), "+".join(ks) or "-") for dt, ks in log])
                 regular[(tag, b)] = r["tokens"]
 
     def graph_counts(llm):
@@ -668,6 +671,9 @@ def main(argv=None) -> int:
     p.add_argument("--spec-eager", action="store_true", help="with --only spec: trees without graphs too")
     p.add_argument("--rounds", default="16", help="with --only spec: also regular decoding and EAGLE chains "
                    "(--spec-lens) in rounds of M per host sync, for each M listed (cuda_rounds; '': none)")
+    p.add_argument("--prefill-chunk", default="auto", help="smollm: the engines' prefill chunk ('none': whole prompts "
+                   "in one step, so a batch's sequences all decode from the same step: decode speed alone)")
+    p.add_argument("--step-log", action="store_true", help="smollm: record every engine step's ms and paths")
     p.add_argument("--rounds-only", action="store_true", help="with --only spec: the rounds variants only")
     p.add_argument("--compile-batches", default="1", help="batch sizes for HF static cache + torch.compile")
     args = p.parse_args(argv)

@@ -1,5 +1,6 @@
 """Issue 41's GPU table from the JSON that bench/gpu/run.py wrote: every number here is read from
 those files, none typed in. Usage: python bench/gpu/table.py SHAPE.json SMOLLM.json [SPEC.json] > table.md
+       python bench/gpu/table.py --rounds SPEC.json [SPEC.json ...] > rounds.md  (cuda/rounds.py's variants)
 """
 from __future__ import annotations
 
@@ -81,15 +82,46 @@ def table(shape: dict, smollm: dict, spec: Optional[dict] = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rounds_table(docs: list[dict]) -> str:
+    """Rounds on the device (`--only spec --rounds M`) against the one-step-per-sync engine of the same run:
+    per variant and batch, ms/token, the ratio to regular decoding one step a sync and to regular decoding
+    in rounds of the same M, greedy identity, and from the rounds' CUDA events the GPU's ms per round
+    and the tokens a sequence gets per round."""
+    lines = ["| run | variant | dtype | batch | ms/token | vs regular, 1 step/sync | vs regular, same rounds | "
+             "identical | tokens/round | GPU ms/round |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for d in docs:
+        r = d["results"].get("smollm", {})
+        run = os.path.basename(d["_file"]).removeprefix("gpu-smollm-spec-").removesuffix(".json")
+        for dt in ("bf16", "fp32"):
+            tags = sorted({k[len(dt) + 6:].rsplit("_b", 1)[0] for k in r if k.startswith(f"{dt}_spec_rounds") and k.endswith("_ms")
+                           and "_step_" not in k})
+            for tag in tags:
+                m = tag.split("_")[0]  # rounds16
+                name = f"{m[6:] or '8'} rounds/sync, " + ("regular" if tag.endswith("regular") else f"EAGLE k={tag.split('_k')[-1]}")
+                by = r.get(f"{dt}_spec_{tag}_rounds_by_batch") or {}
+                for b in (1, 8):
+                    ms = r.get(f"{dt}_spec_{tag}_b{b}_ms")
+                    if ms is None:
+                        continue
+                    st = by.get(str(b)) or by.get(b) or {}
+                    lines.append(f"| {run} | {name} | {dt} | {b} | {_f(ms, '{:.3f}')} | {_ratio(r.get(f'{dt}_graph_b{b}_ms'), ms)} | "
+                                 f"{_ratio(r.get(f'{dt}_spec_{m}_regular_b{b}_ms'), ms)} | "
+                                 f"{r.get(f'{dt}_spec_{tag}_identical_b{b}') or '-'} | {_f(st.get('tokens_per_seq_round'))} | "
+                                 f"{_f(st.get('gpu_ms_per_round'), '{:.3f}')} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     paths = (argv or sys.argv[1:])
+    rounds = paths[:1] == ["--rounds"]
+    paths = paths[1:] if rounds else paths
     docs = []
     for p in paths:
         with open(p) as f:
             d = json.load(f)
         d["_file"] = p
         docs.append(d)
-    print(table(*docs), end="")
+    print(rounds_table(docs) if rounds else table(*docs), end="")
     return 0
 
 

@@ -270,7 +270,7 @@ class DeviceRounds:
         self._upload(slot, alive, self.state[3:4])
         self.live[:size].copy_(self.state[3, :size] > 0)
         self.counter.fill_(slot * self.M)  # this run's rows of the outputs
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if self.capture else None
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.capture else None
         if ev:
             ev[0].record()
         for _ in range(rounds):
