@@ -363,8 +363,8 @@ def stage_smollm(args, rec) -> None:
                                                         "seconds": driver.time})
                     # per batch of n sequences: tokens a sequence gets per round, GPU ms per round (events)
                     rec.put("smollm", f"{tag}_rounds_by_batch", {
-                        n: {"rounds": st[0], "tokens_per_seq_round": round(st[1] / (st[0] * n), 3),
-                            "gpu_ms_per_round": round(st[2] / st[0] * 1e3, 4)} for n, st in sorted(r.by_batch.items())})
+                        n: {"rounds": st[0], "tokens_per_seq_round": round(st[2] / max(1, st[1]), 3),
+                            "gpu_ms_per_round": round(st[3] / st[0] * 1e3, 4)} for n, st in sorted(r.by_batch.items())})
                 del llm
                 free()
             for b in (1, batches[1]):

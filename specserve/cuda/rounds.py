@@ -69,6 +69,7 @@ class Flight:
     rounds: int
     host: torch.Tensor  # pinned: [rounds n R] tokens, then [rounds n] counts
     events: Optional[list]  # CUDA events: start, end (the tokens copied)
+    live: np.ndarray  # [n] bool: rows still computed for (a dead row writes nothing, its tokens are noise)
 
 
 class DeviceRounds:
@@ -112,7 +113,7 @@ class DeviceRounds:
         self.capture = dev.type == "cuda" if capture is None else capture
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.rounds = self.drafted = self.accepted = 0  # over live sequences
-        self.by_batch: dict[int, list] = {}  # sequences -> [rounds, new tokens, GPU seconds of the rounds]
+        self.by_batch: dict[int, list] = {}  # sequences -> [rounds, live rows' rounds, their tokens, GPU seconds]
         if self.capture:
             with torch.cuda.device(dev):
                 self._capture()
@@ -285,7 +286,7 @@ class DeviceRounds:
         host[:len(out)].copy_(out, non_blocking=True)
         if ev:
             ev[1].record()
-        return Flight(slot, size, n, rounds, host, ev)
+        return Flight(slot, size, n, rounds, host, ev, np.asarray(live[:n], dtype=bool))
 
     def collect(self, flight: Flight) -> RoundsOutput:
         """Wait for `flight` (only: a run queued behind it goes on) and read its tokens."""
@@ -295,13 +296,15 @@ class DeviceRounds:
         host = flight.host[:rounds * n * (R + 1)]
         toks = host[:rounds * n * R].view(rounds, n, R).numpy()
         cnt = host[rounds * n * R:].view(rounds, n).numpy()
-        self.rounds += rounds * n
-        self.drafted += rounds * n * self.K
-        self.accepted += int(cnt.sum()) - rounds * n
-        st = self.by_batch.setdefault(n, [0, 0, 0.0])  # rounds, tokens, GPU seconds
+        alive, got = int(flight.live.sum()), int(cnt[:, flight.live].sum())  # statistics of the live rows only
+        self.rounds += rounds * alive
+        self.drafted += rounds * alive * self.K
+        self.accepted += got - rounds * alive
+        st = self.by_batch.setdefault(n, [0, 0, 0, 0.0])  # rounds, live rows' rounds, their tokens, GPU seconds
         st[0] += rounds
-        st[1] += int(cnt.sum())
-        st[2] += flight.events[0].elapsed_time(flight.events[1]) / 1e3 if flight.events else 0.0
+        st[1] += rounds * alive
+        st[2] += got
+        st[3] += flight.events[0].elapsed_time(flight.events[1]) / 1e3 if flight.events else 0.0
         out = RoundsOutput([], [])
         for b in range(n):
             out.counts.append(cnt[:, b].tolist())
