@@ -120,14 +120,20 @@ class LLM:
         """What speculative decoding has done since the engine started (or reset_spec_stats): steps,
         drafted and accepted tokens, alpha, tokens per target step, seconds, and c (draft step over
         target step at batch 1, measured); staged drafting adds alpha, c and k per stage pair and the
-        gain they predict. None without speculation."""
-        spec = self.engine.speculator
-        return None if spec is None else {**spec.stats.as_dict(), "c": spec.c, **spec.hierarchy()}
+        gain they predict; with rounds on the GPU (cuda_rounds), what was drafted and accepted there is
+        under "device_rounds" (the ordinary steps' figures leave it out). None without speculation."""
+        spec, rounds = self.engine.speculator, self.engine.rounds
+        if spec is None:
+            return None
+        return {**spec.stats.as_dict(), "c": spec.c, **spec.hierarchy(),
+                **({"device_rounds": rounds.stats()} if rounds is not None else {})}
 
     def reset_spec_stats(self) -> None:
         with self._lock:
             if self.engine.speculator is not None:
                 self.engine.speculator.reset_stats()
+            if self.engine.rounds is not None:
+                self.engine.rounds.reset_stats()
 
     def chat(self, messages: Union[list[dict], Sequence[list[dict]]], params: Optional[SamplingParams] = None,
              **kwargs) -> list[RequestOutput]:

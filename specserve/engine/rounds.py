@@ -60,6 +60,17 @@ class RoundsDriver:
         self.reqs: list[Request] = []  # the batch the queued runs compute, fixed while any is queued
         self.time = 0.0  # seconds in rounds steps
 
+    def stats(self) -> dict:
+        """Rounds on the device since the engine started (or the last reset): per live sequence."""
+        d = self.dev
+        return {"rounds": d.rounds, "drafted": d.drafted, "accepted": d.accepted,
+                "tokens_per_round": (d.rounds + d.accepted) / d.rounds if d.rounds else None, "seconds": self.time}
+
+    def reset_stats(self) -> None:
+        self.dev.rounds = self.dev.drafted = self.dev.accepted = 0
+        self.dev.by_batch.clear()
+        self.time = 0.0
+
     @property
     def drafter(self):
         return None if self.dev.g is None else self.dev.g.drafter

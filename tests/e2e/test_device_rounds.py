@@ -47,6 +47,10 @@ def test_rounds_give_regular_decodings_tokens(method, caching):
     assert r.dev.rounds > 0 and r.time > 0  # the decodes went through the rounds
     if method is not None:
         assert r.dev.drafted > 0 and 0 < r.dev.accepted <= r.dev.drafted
+        st = llm.spec_stats()["device_rounds"]
+        assert (st["rounds"], st["drafted"], st["accepted"]) == (r.dev.rounds, r.dev.drafted, r.dev.accepted)
+        llm.reset_spec_stats()
+        assert llm.spec_stats()["device_rounds"]["rounds"] == 0
 
 
 def test_rounds_stop_where_regular_decoding_stops():
