@@ -7,7 +7,9 @@
 #                               HF eager and HF static cache + torch.compile, greedy agreement
 #   bench/gpu/check.sh smollm   SmolLM2-135M through LLM: bf16/fp32, graphs on/off, EAGLE speculation vs
 #                               regular at batch 1 and 8 (greedy identity per mode), HF peers, fp32 vs HF
-#   bench/gpu/check.sh spec     SmolLM2-135M: speculation (cost-model choice, fixed draft lengths) vs regular
+#   bench/gpu/check.sh spec     SmolLM2-135M: speculation (cost-model choice, fixed draft lengths) vs regular, and
+#                               regular/EAGLE in rounds on the GPU (--rounds 16 --spec-lens 2,3; add
+#                               --prefill-chunk none for decode alone, --step-log for every step's ms)
 #   bench/gpu/check.sh profile  SmolLM2-135M: regular and speculative steps under torch.profiler (per-op
 #                               tables, traces, synced phase times, graph replay times)
 #   bench/gpu/check.sh stash    keep the GGUF half that came (for a later spec/smollm call on the same machine)
