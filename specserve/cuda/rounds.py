@@ -98,7 +98,8 @@ class DeviceRounds:
         self.out_tok = torch.zeros(2 * max_rounds, B, R, **long)
         self.out_n = torch.zeros(2 * max_rounds, B, **long)
         self.hist = torch.zeros(2 * max_rounds, B, R, hidden, dtype=torch.float32, device=dev)  # for kv.features
-        self.state = torch.zeros(4, B, **long)  # uploaded: L, last, c, live
+        self.state = torch.zeros(3, B, **long)  # uploaded at a launch: L, last, c
+        self.alive = torch.zeros(1, B, **long)  # uploaded with every run: 1 for a row still computed
         self._pin = dev.type == "cuda"
         self._pinned: dict = {}  # pinned host buffers, by (slot, what): a slot's are reused two runs later
         self._slot = 1
@@ -229,22 +230,20 @@ class DeviceRounds:
         if size is None or not 1 <= rounds <= self.M:
             raise ValueError(f"{n} sequences, {rounds} rounds: past the buffers ({self.max_seqs}, {self.M})")
         slot = self._slot = 1 - self._slot
-        state = np.zeros((4, self.max_seqs), dtype=np.int64)  # L, last, c, live
+        state = np.zeros((3, self.max_seqs), dtype=np.int64)  # L, last, c
         state[2] = 1
         for b, s in enumerate(seqs):
-            state[:, b] = (s.num_computed, s.last_token, 1 if s.feats is None else len(s.feats), 1)
+            state[:, b] = (s.num_computed, s.last_token, 1 if s.feats is None else len(s.feats))
         self._upload(slot, state, self.state)
         self.L[:size].copy_(self.state[0, :size])
         self.last[:size].copy_(self.state[1, :size])
         self.c[:size].copy_(self.state[2, :size])
         if self.g is not None:
-            ptok = np.zeros((size, self.R), dtype=np.int64)
             for b, s in enumerate(seqs):
-                ptok[b, :len(s.feat_tokens)] = s.feat_tokens
                 self.P[b, :len(s.feats)].copy_(s.feats)
-            self._upload(slot, ptok, self.Ptok)
+            self._upload(slot, _padded([s.feat_tokens for s in seqs], size, self.R, np.int64), self.Ptok)
         self.runner.inputs.span_start[:size].fill_(NO_TREE)
-        return self._queue(slot, size, n, rounds, [s.table for s in seqs], [s.draft_table for s in seqs], state[3, :n] > 0)
+        return self._queue(slot, size, n, rounds, [s.table for s in seqs], [s.draft_table for s in seqs], np.ones(n, dtype=bool))
 
     @torch.inference_mode()
     def extend(self, flight: Flight, rounds: int, tables: list[list[int]], draft_tables: list, live: list[bool]) -> Flight:
@@ -257,19 +256,11 @@ class DeviceRounds:
 
     def _queue(self, slot: int, size: int, n: int, rounds: int, tables, draft_tables, live: np.ndarray) -> Flight:
         inp = self.runner.inputs
-        tab = np.zeros((size, inp.max_blocks), dtype=np.int32)
-        for b, t in enumerate(tables):
-            tab[b, :len(t)] = t
-        self._upload(slot, tab, inp.tables)
+        self._upload(slot, _padded(tables, size, inp.max_blocks, np.int32), inp.tables)
         if self.g is not None:
-            dt = np.zeros((size, self.d_tables.shape[1]), dtype=np.int32)
-            for b, t in enumerate(draft_tables):
-                dt[b, :len(t)] = t
-            self._upload(slot, dt, self.d_tables)
-        alive = np.zeros((1, self.max_seqs), dtype=np.int64)
-        alive[0, :len(live)] = live
-        self._upload(slot, alive, self.state[3:4])
-        self.live[:size].copy_(self.state[3, :size] > 0)
+            self._upload(slot, _padded(draft_tables, size, self.d_tables.shape[1], np.int32), self.d_tables)
+        self._upload(slot, _padded([live], 1, self.max_seqs, np.int64), self.alive)
+        self.live[:size].copy_(self.alive[0, :size] > 0)
         self.counter.fill_(slot * self.M)  # this run's rows of the outputs
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.capture else None
         if ev:
@@ -326,3 +317,11 @@ class DeviceRounds:
                 i.extend(range(k))
         idx = torch.tensor([m, b, i], dtype=torch.long, pin_memory=self._pin).to(self.device, non_blocking=True)
         return self.hist[idx[0], idx[1], idx[2]]
+
+
+def _padded(rows, n: int, width: int, dtype) -> np.ndarray:
+    """[n, width]: the ragged rows (block tables, token lists, a mask) left-aligned, zeros after them."""
+    out = np.zeros((n, width), dtype=dtype)
+    for b, row in enumerate(rows):
+        out[b, :len(row)] = row
+    return out

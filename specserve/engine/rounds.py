@@ -173,11 +173,11 @@ class RoundsDriver:
         q = self.queue.popleft()
         out = self.dev.collect(q.flight)
         drained = not self.queue
-        kv, bs, d = engine.kv, engine.scheduler.blocks.block_size, self.drafter
+        kv, blocks, d = engine.kv, engine.scheduler.blocks, self.drafter
         live = [not r.is_finished for r in self.reqs]
         if kv.features is not None:  # beside the KV for prefix-cache hits, as the ordinary steps keep them
             counts = [c if ok else [0] * len(c) for c, ok in zip(out.counts, live)]
-            slots = [r.block_table[p // bs] * bs + p % bs for r, toks, ok in zip(self.reqs, out.tokens, live) if ok
+            slots = [blocks.slot(r.block_table, p) for r, toks, ok in zip(self.reqs, out.tokens, live) if ok
                      for p in range(r.num_computed_tokens, r.num_computed_tokens + len(toks))]
             if slots:
                 idx = torch.tensor(slots, dtype=torch.long, pin_memory=kv.features.is_cuda)
@@ -188,7 +188,7 @@ class RoundsDriver:
                 continue
             r.num_computed_tokens += len(toks)
             if drained:
-                engine.scheduler.blocks.truncate(r.block_table, r.num_computed_tokens)
+                blocks.truncate(r.block_table, r.num_computed_tokens)
                 if d is not None:
                     c = out.counts[b][-1]
                     d.kv.num_done[r.request_id] = r.num_computed_tokens - c
