@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	touch $@
 
 $(DEVSTAMP): $(STAMP)
-	$(PIP) -e '.[dev,planner]'
+	$(PIP) -e '.[dev,planner,cluster]'
 	touch $@
 
 # After upgrading packages in .venv and a passing `make test`: pin what the tests ran on.

@@ -362,6 +362,11 @@ class CompletionOutput:
     error: Optional[str] = None  # finish_reason "error": why, in one line (the text is what came before)
 
 
+class EngineDeadError(RuntimeError):
+    """The engine serving a request stopped (its loop thread failed, or its replica died): the
+    request cannot go on. A server answers it as 503."""
+
+
 @dataclass(frozen=True)
 class StreamDelta:
     """What one sample of a request gained in one engine step (AsyncLLM.generate yields these)."""

@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import time
+from typing import Optional
 
 from ..planner.llm import LLMSLO, DraftSpec, PassProfile, llm_workload, load_llm_trace
 from ..planner.llm_search import SCENARIOS, plan_llm
@@ -17,12 +18,19 @@ DEFAULT_PROFILE = "bench/results/plan/llm-profile-cpu.json"
 SPEC_BENCH_GLOB = "bench/results/spec-cpu-*.json"  # `specserve bench spec` results, dated in their names
 
 
-def newest_spec_bench(pattern: str = SPEC_BENCH_GLOB) -> str:
-    """The newest `specserve bench spec` result (the names sort by date), for --spec-bench's default."""
-    found = sorted(glob.glob(pattern))
-    if not found:
-        raise FileNotFoundError(f"no `specserve bench spec` result matches {pattern}: run it, or pass --spec-bench")
-    return found[-1]
+def newest_spec_bench(pattern: str = SPEC_BENCH_GLOB, model_file: Optional[str] = None, setting: str = "greedy") -> str:
+    """The newest `specserve bench spec` result (the names sort by date) of model_file (a basename; any
+    model when None) that holds the `setting` table, for --spec-bench's default."""
+    for path in sorted(glob.glob(pattern), reverse=True):
+        try:
+            with open(path) as f:
+                r = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            continue
+        if setting in r.get("tables", {}) and (model_file is None or r.get("model") == model_file):
+            return path
+    raise FileNotFoundError(f"no `specserve bench spec` result of {model_file or 'any model'} with a {setting} table "
+                            f"matches {pattern}: run it, or pass --spec-bench")
 
 
 def add_llm_args(p) -> None:
@@ -36,6 +44,23 @@ def add_llm_args(p) -> None:
                    help="the Azure LLM inference trace's CSV (TIMESTAMP, ContextTokens, GeneratedTokens) in place "
                         "of the scenarios' generated arrivals and lengths")
     p.add_argument("--out", default="bench/results/plan", help="where the LLM mode writes JSON and markdown")
+
+
+def write_placement(path: str, scenario: str, result: dict, model: str) -> None:
+    """The first scenario's speculation-aware placement as `specserve serve --placement` reads it
+    (cluster/placement.py): a replica per model a device holds, the EAGLE draft ("draft") on those that carry it;
+    beside it what the simulator expects of it."""
+    from ..cluster.placement import ServePlacement
+    plan = result["speculation-aware"]
+    devices = [(d["models"], d["drafts"]) for d in plan["devices"]]
+    names = sorted({m for ms, _ in devices for m in ms})
+    placement = ServePlacement.from_devices(devices, {m: {"model": None if model == "embedded" else model}
+                                                      for m in names}, {"speculative": "draft"})
+    simulated = {k: v for k, v in plan.items() if k not in ("devices", "steps", "spec_by_batch")}
+    with open(path, "w") as f:
+        json.dump({**placement.to_dict(), "scenario": scenario, "simulated": simulated}, f, indent=1, default=str)
+    print(f"placement of {scenario} (speculation-aware, {len(placement.replicas)} replicas): {path} "
+          f"(serve it: specserve serve --placement {path})")
 
 
 def _ms(x):
@@ -53,7 +78,10 @@ def cmd_plan_llm(args) -> int:
     if "draft" not in base.meta:
         raise ValueError(f"{args.llm_profile}: the profile names no draft (profile the embedded model)")
     dmeta = base.meta["draft"]
-    args.spec_bench = args.spec_bench or newest_spec_bench()
+    if not args.spec_bench:
+        from ..loading import embedded_model_path
+        args.spec_bench = newest_spec_bench(model_file=os.path.basename(embedded_model_path()) if base.model == "embedded"
+                                            else os.path.basename(base.model))
     draft = DraftSpec.from_spec_bench(args.spec_bench, dmeta["weights_gb"], dmeta["kv_gb_per_token"])
     print(f"target: {base.weights_gb * 1e3:.0f} MB weights, {base.kv_gb_per_token * 1e6:.1f} KB KV per token, "
           f"one step at batch 1 {base.pass_s(1) * 1e3:.1f} ms; draft: {draft.weights_gb * 1e3:.1f} MB, "
@@ -106,6 +134,8 @@ def cmd_plan_llm(args) -> int:
         lines.append(f"| {name} | {len(gens)} | {_ms(slo[models[0]].tpot_s)} | {s0.result.slo_attainment:.3f} | "
                      f"{aware['slo_attainment']:.3f} | {aware['spec_share']:.0%} | "
                      f"{aware['mean_decode_batch']:.1f} | {sc.why} |")
+    if args.json:
+        write_placement(args.json, names[0], report["scenarios"][names[0]], base.model)
     os.makedirs(args.out, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = os.path.join(args.out, f"llm-{stamp}")

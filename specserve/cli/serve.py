@@ -22,10 +22,20 @@ def cmd_serve(args, llm_kwargs: dict) -> int:
 
     cfg = ServerConfig(**dataclass_values(args, ServerConfig))
     api_key(cfg)  # a bad --api-key-file fails in one line before the model loads
-    llm = AsyncLLM(**llm_kwargs)
+    if cfg.placement:
+        from ..cluster.placement import ServePlacement
+        from ..cluster.router import ReplicaSet
+        placement = ServePlacement.load(cfg.placement)  # a bad file fails in one line before Ray starts
+        print(f"specserve: starting {len(placement.replicas)} replicas of {', '.join(placement.models)} on Ray...",
+              file=sys.stderr, flush=True)
+        llm = ReplicaSet(placement, address=cfg.ray_address)
+        what = ", ".join(f"{name} ({len(m.replicas)} replicas)" for name, m in llm.models.items())
+    else:
+        llm = AsyncLLM(**llm_kwargs)
+        what = llm.model_name
     try:
         app = build_app(llm, cfg)
-        print(f"specserve: serving {llm.model_name} on http://{cfg.host}:{cfg.port}/v1 (metrics on /metrics)",
+        print(f"specserve: serving {what} on http://{cfg.host}:{cfg.port}/v1 (metrics on /metrics)",
               file=sys.stderr, flush=True)
         uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port, log_level="warning")).run()
     finally:

@@ -23,8 +23,8 @@ from typing import AsyncIterator, Optional, Union
 import torch
 
 from ..registry import MODELS
-from ..types import Request, SamplingParams, StreamDelta
-from .llm import LLM, prompt_token_ids
+from ..types import EngineDeadError, Request, SamplingParams, StreamDelta
+from .llm import LLM, chat_token_ids, prompt_token_ids
 from .nbest import pick
 
 Prompt = Union[str, list[int]]
@@ -55,10 +55,6 @@ class _Stream:
     sent: dict[str, int] = field(default_factory=dict)  # request id -> tokens already sent
     open: int = 0  # samples not finished yet
     ranked: bool = False  # best_of / a deadline: the best samples are sent whole once all have finished
-
-
-class EngineDeadError(RuntimeError):
-    pass
 
 
 _END = object()  # after a stream's last delta
@@ -110,12 +106,7 @@ class AsyncLLM:
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """A conversation ([{"role", "content"}]) through the model's chat template, as LLM.chat does."""
-        try:
-            text = self.tokenizer.apply_chat_template(messages)
-        except Exception as e:  # the template's own raise_exception (roles out of order, ...)
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ValueError(f"the chat template refused the messages: {why}") from None
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return chat_token_ids(self.tokenizer, messages)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """ValueError (one line) if the request cannot be served; reads only fixed engine settings."""

@@ -25,6 +25,19 @@ def prompt_token_ids(tokenizer, prompt) -> list[int]:
     what = type(prompt).__name__ if not isinstance(prompt, (list, tuple)) else \
         f"a list holding {type(next(t for t in prompt if not isinstance(t, numbers.Integral) or isinstance(t, bool))).__name__}"
     raise TypeError(f"a prompt must be a string or a list of token ids (integers), got {what}")
+
+
+def chat_token_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """A conversation ([{"role", "content"}]) through the tokenizer's chat template (a ValueError in one
+    line where the template refuses it)."""
+    try:
+        text = tokenizer.apply_chat_template(messages)
+    except Exception as e:  # the template's own raise_exception (roles out of order, ...)
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"the chat template refused the messages: {why}") from None
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 # on_text(prompt index, sample index, new text, finished)
 TextCallback = Callable[[int, int, str, bool], None]
 

@@ -30,6 +30,11 @@ class ServerConfig:
     max_n: int = option(16, "most samples per prompt (n)")
     max_prompts: int = option(32, "most prompts in one /v1/completions request")
     max_body_bytes: int = option(4 * 2**20, "largest request body; larger get 413")
+    placement: Optional[str] = option(
+        None, "serve a placement file's models and replicas as Ray actors behind this endpoint (specserve/cluster; "
+              "the model flags are then the file's)")
+    ray_address: Optional[str] = option(
+        None, "with --placement: an existing Ray cluster's address (default: a local one on loopback)")
 
     def __post_init__(self):
         for name in ("port", "max_concurrent_requests", "max_n", "max_prompts", "max_body_bytes"):

@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from ..origins import OriginRuns
-from ..types import SamplingParams, StreamDelta
+from ..types import EngineDeadError, SamplingParams, StreamDelta
 from .choices import ChoiceFormat, Choices
 from .config import ServerConfig
 from .errors import ApiError
@@ -25,24 +25,38 @@ from .protocol import ChatCompletionRequest, CompletionRequest, error_body
 
 
 class Serving:
-    """The engine (an AsyncLLM, used through its public API only) as the generating routes see it."""
+    """The engines (AsyncLLMs, or a placement's ModelReplicas: used through AsyncLLM's public surface
+    only) as the generating routes see them, by the model name clients send."""
 
     def __init__(self, llm, cfg: ServerConfig, metrics: ServerMetrics, model_name: str):
-        self.llm, self.cfg, self.metrics, self.model_name = llm, cfg, metrics, model_name
+        self.cfg, self.metrics = cfg, metrics
+        # a placement (cluster/router.py) serves several models by name; an AsyncLLM one
+        self.models = dict(getattr(llm, "models", None) or {model_name: llm})
+        self.model_name = next(iter(self.models))  # the default: a request that names no model gets it
         self.in_flight = InFlight(cfg.max_concurrent_requests)
         metrics.requests_in_flight.set_function(lambda: self.in_flight.count)
         # a token's text, for logprobs: the same few thousand tokens come back in every response
-        self.token_text = functools.lru_cache(maxsize=65536)(
-            lambda tid: llm.tokenizer.decode([tid], skip_special_tokens=False))
+        self._token_text = {name: functools.lru_cache(maxsize=65536)(
+            lambda tid, tok=m.tokenizer: tok.decode([tid], skip_special_tokens=False)) for name, m in self.models.items()}
 
     def unknown_model(self, name: str) -> ApiError:
-        return ApiError(404, f"the model `{name}` does not exist (this server serves `{self.model_name}`)",
+        return ApiError(404, f"the model `{name}` does not exist (this server serves `{'`, `'.join(self.models)}`)",
                         "not_found_error", "model")
+
+    def name(self, body) -> str:
+        """The served model a request asks for (checked by check_common)."""
+        return self.model_name if body.model is None else body.model
+
+    def engine(self, body):
+        return self.models[self.name(body)]
+
+    def token_text(self, body):
+        return self._token_text[self.name(body)]
 
     def check_common(self, body) -> None:
         """What both endpoints refuse before any work: another model, unsupported values, n / best_of out of range."""
         cfg = self.cfg
-        if body.model is not None and body.model != self.model_name:
+        if body.model is not None and body.model not in self.models:
             raise self.unknown_model(body.model)
         why = body.unsupported()
         if why:
@@ -53,7 +67,7 @@ class Serving:
             raise ApiError(400, f"best_of must be in [n, {cfg.max_n}], got {body.best_of}", param="best_of")
 
     def make_params(self, body, prompts_ids: list[list[int]]) -> SamplingParams:
-        llm = self.llm
+        llm = self.engine(body)
         try:
             logprobs = body.logprobs_param()
             longest = max(len(p) for p in prompts_ids)
@@ -77,12 +91,12 @@ class Serving:
         if isinstance(body, ChatCompletionRequest):
             try:
                 conv = [{"role": m.role, "content": m.text()} for m in body.messages]
-                ids = [self.llm.encode_chat(conv)]
+                ids = [self.engine(body).encode_chat(conv)]
             except ValueError as e:
                 raise ApiError(400, f"messages: {str(e).splitlines()[0]}", param="messages") from None
         else:
             try:
-                ids = [self.llm.encode(p) for p in prompts]
+                ids = [self.engine(body).encode(p) for p in prompts]
             except (TypeError, ValueError) as e:
                 raise ApiError(400, f"prompt: {e}", param="prompt") from None
         return ids, self.make_params(body, ids)
@@ -100,7 +114,8 @@ class Serving:
 
     def new_choices(self, body, fmt: ChoiceFormat, n: int, prompts_ids: list[list[int]]) -> Choices:
         """The response's choice accumulator; its origin runs decode with the model's tokenizer, when asked."""
-        runs = (lambda: OriginRuns(self.llm.tokenizer)) if body.return_origins else None
+        tokenizer = self.engine(body).tokenizer
+        runs = (lambda: OriginRuns(tokenizer)) if body.return_origins else None
         return Choices(fmt, n, sum(len(p) for p in prompts_ids), runs)
 
     async def respond(self, http: Request, slot, body, streams, choices: Choices, head: dict, whole_object: str):
@@ -128,28 +143,43 @@ class Serving:
     async def _chunks(self, body, streams, choices: Choices, head: dict) -> AsyncIterator[dict]:
         """A stream's events: a chunk per delta worth sending, then the usage if asked."""
         tr = RequestTracker(self.metrics, choices.prompt_tokens)
-        async for pi, d in merged(streams):
-            tr.see(choices.index(pi, d), d)
-            if (e := dead_end(d)) is not None:
-                self.metrics.errors.labels(str(e.status)).inc()
-                yield error_body(e.message, e.type, e.status, e.param)
-                return  # merged, finalised, aborts the other samples
-            choice = choices.chunk(pi, d)
-            if choice is not None:
-                yield {**head, "choices": [choice]}
+        try:
+            async for pi, d in merged(streams):
+                tr.see(choices.index(pi, d), d)
+                if (e := dead_end(d)) is not None:
+                    self.metrics.errors.labels(str(e.status)).inc()
+                    yield error_body(e.message, e.type, e.status, e.param)
+                    return  # merged, finalised, aborts the other samples
+                choice = choices.chunk(pi, d)
+                if choice is not None:
+                    yield {**head, "choices": [choice]}
+        except EngineDeadError as dead:  # the engine (or the replica) holding it stopped: this request ends here
+            e = unavailable(dead)
+            self.metrics.errors.labels(str(e.status)).inc()
+            yield error_body(e.message, e.type, e.status, e.param)
+            return
         tr.done()
         if body.stream_options is not None and body.stream_options.include_usage:
             yield {**head, "choices": [], "usage": choices.usage()}
 
     async def _whole(self, streams, choices: Choices, head: dict) -> dict:
         tr = RequestTracker(self.metrics, choices.prompt_tokens)
-        async for pi, d in merged(streams):
-            tr.see(choices.index(pi, d), d)
-            if (e := dead_end(d)) is not None:
-                raise e
-            choices.add(pi, d)
+        try:
+            async for pi, d in merged(streams):
+                tr.see(choices.index(pi, d), d)
+                if (e := dead_end(d)) is not None:
+                    raise e
+                choices.add(pi, d)
+        except EngineDeadError as dead:
+            raise unavailable(dead) from None
         tr.done()
         return {**head, "choices": choices.choices(), "usage": choices.usage()}
+
+
+def unavailable(e: EngineDeadError) -> ApiError:
+    """A request whose engine stopped under it (a replica killed, the engine loop failed): 503."""
+    return ApiError(503, f"the engine serving this request stopped: {str(e).splitlines()[0] if str(e) else 'no reason given'}",
+                    "service_unavailable")
 
 
 def dead_end(d: StreamDelta) -> Optional[ApiError]:

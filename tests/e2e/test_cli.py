@@ -298,3 +298,15 @@ def test_exit_codes_one_line_and_debug(monkeypatch, capsys, error, code):
     if code != 130:
         with pytest.raises(type(error)):
             cli.main(["generate", "x", "--debug"])
+
+
+@pytest.mark.parametrize("content, why", [(None, "No such file"), ("{", "not JSON"),
+                                          ('{"models": {"a": {"model": null}}, "replicas": [{"model": "b"}]}',
+                                           "replica 0 names no model")])
+def test_serve_refuses_a_bad_placement_in_one_line_before_ray_starts(tmp_path, content, why):
+    path = tmp_path / "plan.json"
+    if content is not None:
+        path.write_text(content)
+    r = run("serve", "--placement", str(path), "--port", "0")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().count("\n") == 0 and str(path) in r.stderr and why in r.stderr, r.stderr

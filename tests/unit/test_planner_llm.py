@@ -119,10 +119,18 @@ def test_azure_llm_trace_rows_become_generations(tmp_path):
     assert 900 < np.median([g.prompt_tokens for g in gens]) < 1150 and 110 < np.median([g.output_tokens for g in gens]) < 150
 
 
-def test_the_spec_bench_default_is_the_newest_result_not_a_dated_file(tmp_path):
+def test_the_spec_bench_default_is_the_newest_result_of_the_model_with_the_table(tmp_path):
+    import json
+
     from specserve.cli.plan_llm import newest_spec_bench
-    for name in ("spec-cpu-20261123-171653.json", "spec-cpu-20261124-080855.json", "spec-cpu-20261124-072437.json"):
-        (tmp_path / name).write_text("{}")
-    assert newest_spec_bench(str(tmp_path / "spec-cpu-*.json")).endswith("spec-cpu-20261124-080855.json")
+    greedy = {"model": "small.gguf", "tables": {"greedy": []}}
+    for name, r in (("spec-cpu-20261123-171653.json", greedy), ("spec-cpu-20261124-080855.json", greedy),
+                    ("spec-cpu-20261124-072437.json", greedy),
+                    ("spec-cpu-20261125-000000.json", {"model": "big.gguf", "tables": {"greedy": []}}),
+                    ("spec-cpu-20261126-000000.json", {"model": "small.gguf", "tables": {"sampling": []}})):
+        (tmp_path / name).write_text(json.dumps(r))
+    pattern = str(tmp_path / "spec-cpu-*.json")
+    assert newest_spec_bench(pattern, "small.gguf").endswith("spec-cpu-20261124-080855.json")
+    assert newest_spec_bench(pattern).endswith("spec-cpu-20261125-000000.json")
     with pytest.raises(FileNotFoundError, match="--spec-bench"):
         newest_spec_bench(str(tmp_path / "none-*.json"))

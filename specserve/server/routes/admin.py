@@ -31,18 +31,18 @@ def router(s: Serving) -> APIRouter:
     async def prometheus():
         return Response(generate_latest(s.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    def model_card() -> dict:
-        return {"id": s.model_name, "object": "model", "created": int(time.time()), "owned_by": "specserve",
-                "max_model_len": s.llm.max_model_len}
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "specserve",
+                "max_model_len": s.models[name].max_model_len}
 
     @r.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(name) for name in s.models]}
 
     @r.get("/v1/models/{model_id:path}")  # :path: names with a slash (org/model), as vLLM serves them
     async def model(model_id: str):
-        if model_id != s.model_name:
+        if model_id not in s.models:
             raise s.unknown_model(model_id)
-        return model_card()
+        return model_card(model_id)
 
     return r

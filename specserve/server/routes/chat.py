@@ -60,9 +60,9 @@ def router(s: Serving) -> APIRouter:
         s.check_common(body)
         slot, ids, params = await s.admit_and_prepare(body)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        streams = [s.llm.generate(ids[0], params)]  # one conversation: its samples are choices 0..n-1
-        choices = s.new_choices(body, ChatChoice(s.token_text), params.n, ids)
-        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": s.model_name}
+        streams = [s.engine(body).generate(ids[0], params)]  # one conversation: its samples are choices 0..n-1
+        choices = s.new_choices(body, ChatChoice(s.token_text(body)), params.n, ids)
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": s.name(body)}
         return await s.respond(http, slot, body, streams, choices, head, "chat.completion")
 
     return r

@@ -62,9 +62,9 @@ def router(s: Serving) -> APIRouter:
             raise ApiError(400, f"prompt must hold 1 to {s.cfg.max_prompts} prompts", param="prompt")
         slot, ids, params = await s.admit_and_prepare(body, prompts)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        streams = [s.llm.generate(p, params) for p in ids]
-        choices = s.new_choices(body, CompletionChoice(s.token_text), params.n, ids)  # prompt i's sample k: choice i * n + k
-        head = {"id": rid, "object": "text_completion", "created": created, "model": s.model_name}
+        streams = [s.engine(body).generate(p, params) for p in ids]
+        choices = s.new_choices(body, CompletionChoice(s.token_text(body)), params.n, ids)  # prompt i's sample k: choice i * n + k
+        head = {"id": rid, "object": "text_completion", "created": created, "model": s.name(body)}
         return await s.respond(http, slot, body, streams, choices, head, "text_completion")
 
     return r
