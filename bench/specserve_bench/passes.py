@@ -25,7 +25,8 @@ def profile_passes(model=None, reps: int = 3, threads: Optional[int] = None) -> 
     from specserve.loading import EMBEDDED_FILE, resolve_model_path
 
     threads = threads or os.cpu_count() or 1
-    llm = LLM(model, num_threads=threads, max_num_batched_tokens=2048)
+    # no prefix caching: each prefill is timed on the same prompt again, which the cache would skip
+    llm = LLM(model, num_threads=threads, max_num_batched_tokens=2048, enable_prefix_caching=False)
     vocab = llm.engine.arch.vocab_size
     ids = lambda n, seed: [(seed * 7919 + i * 104729) % (vocab - 100) + 100 for i in range(n)]  # noqa: E731
 

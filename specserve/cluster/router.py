@@ -145,8 +145,7 @@ def summed(stats: list[EngineStats]) -> EngineStats:
 
 class ReplicaSet:
     """Every replica of a placement, launched as Ray actors; `models` maps each served name to its
-    ModelReplicas. The first model is the default (a request that names none), and the set also
-    answers as that model for what a single-model server reads (model_name, tokenizer, ...)."""
+    ModelReplicas (the server serves them by name; the first is the default), `stats` sums them."""
 
     def __init__(self, placement: ServePlacement, address: Optional[str] = None, start_timeout_s: float = 900.0,
                  num_cpus: Optional[int] = None):
@@ -160,8 +159,7 @@ class ReplicaSet:
         actor_cls = ray.remote(Replica)
         self.states: list[ReplicaState] = []
         for i, spec in enumerate(placement.replicas):
-            opts = {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus, "max_concurrency": 1000,
-                    "name": f"specserve-replica-{i}-{spec.model}", "namespace": "specserve", "lifetime": None}
+            opts = {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus, "max_concurrency": 1000}
             if spec.node:
                 opts["resources"] = {f"node:{spec.node}": 0.01}
             actor = actor_cls.options(**opts).remote(spec.model, placement.engine_kwargs(i), spec.cores)
@@ -179,17 +177,10 @@ class ReplicaSet:
         for name in placement.models:
             reps = [s for s in self.states if s.model == name]
             self.models[name] = ModelReplicas(name, reps, infos[reps[0].index])
-        first = next(iter(self.models.values()))
-        self.model_name, self.tokenizer, self.max_model_len = first.model_name, first.tokenizer, first.max_model_len
+        self.model_name = next(iter(self.models))  # the default model (a request that names none)
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="specserve-replica-watch", daemon=True)
         self._watcher.start()
-
-    # --- a single model's surface: the default model ---------------------------------------------
-    def __getattr__(self, name):
-        if name in ("encode", "encode_chat", "check", "generate", "abort"):
-            return getattr(next(iter(self.models.values())), name)
-        raise AttributeError(name)
 
     @property
     def stats(self) -> EngineStats:

@@ -79,6 +79,8 @@ class Serving:
                 llm.check(ids, params)
         except ValueError as e:
             raise ApiError(400, str(e).splitlines()[0]) from None
+        except EngineDeadError as e:  # no replica of the model left to serve it
+            raise unavailable(e) from None
         asked = body.asked_max_tokens()
         if asked is not None and asked > room:  # as vLLM: refused, not silently cut at the context's end
             raise ApiError(400, f"this model's maximum context length is {llm.max_model_len} tokens, but {longest + asked} "

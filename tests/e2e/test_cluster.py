@@ -145,6 +145,22 @@ def test_metrics_sum_the_replicas(cluster, port):
     assert total > 0 and steps == total
 
 
+def test_a_client_that_hangs_up_has_its_request_aborted_on_the_replica(cluster, port):
+    beta = cluster.models["beta"].replicas[0]
+    cluster.poll()
+    steps = beta.stats.steps
+    stream = client(port).completions.create(model="beta", prompt=PROMPTS[1], max_tokens=CONTEXT - 40, temperature=0,
+                                             stream=True)
+    next(iter(stream))
+    stream.response.close()  # hang up after the first chunk
+
+    def idle():
+        cluster.poll()
+        return beta.stats.running == 0 and beta.stats.kv_blocks_used == 0
+    wait_for(idle, 30, "the replica's request aborted and its blocks freed")
+    assert beta.stats.steps - steps < (CONTEXT - 40) // 2, "the replica stopped long before the request's end"
+
+
 def test_a_replica_killed_mid_stream_fails_only_its_own_streams(cluster, port):
     c = client(port)
     alpha = cluster.models["alpha"]
