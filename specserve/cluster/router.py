@@ -188,8 +188,8 @@ class ReplicaSet:
         return summed([s.stats for s in self.states if s.alive])
 
     def poll(self) -> None:
-        """Refresh every live replica's statistics now; a replica that does not answer as dead is left
-        out of the routing."""
+        """Refresh every live replica's statistics now; one whose actor has died leaves the routing (one
+        that is only slow to answer keeps its last figures)."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
         live = [s for s in self.states if s.alive]
