@@ -7,7 +7,8 @@ one-shot models (`specserve plan replay`); this is the same check for LLM genera
 
 A planner device is one core here: each replica is a Ray actor pinned to its device's core with one
 engine thread, and the simulator reads a pass profile measured with one thread (made on first use,
-kept in bench/results/plan/llm-profile-cpu-1t.json). The two models are the embedded model twice
+kept in bench/results/plan/llm-profile-cpu-1t.json, its decode steps timed at the trace's median prompt
+length of context). The two models are the embedded model twice
 (the planner sees two models with their own arrivals); "draft" carries the EAGLE draft beside each.
 Each request is streamed (ignore_eos, its trace's prompt and output lengths); TTFT is the first
 token's arrival, TPOT the time after it over the remaining tokens, as the simulator defines them.
@@ -34,12 +35,15 @@ PLACEMENTS = {
 PROFILE_1T = "bench/results/plan/llm-profile-cpu-1t.json"
 
 
-def profile(path: str) -> PassProfile:
+def profile(path: str, context: int) -> PassProfile:
     if os.path.exists(path):
-        return PassProfile.load(path)
+        prof = PassProfile.load(path)
+        if prof.meta.get("decode_context", 8) == context:
+            return prof
     from specserve_bench.passes import profile_passes
-    print(f"measuring one-thread pass times into {path} (a few minutes, once)", file=sys.stderr, flush=True)
-    prof = profile_passes(None, reps=3, threads=1)
+    print(f"measuring one-thread pass times into {path} (decode steps at {context} tokens of context)",
+          file=sys.stderr, flush=True)
+    prof = profile_passes(None, reps=3, threads=1, context=context)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     prof.save(path)
     return prof
@@ -106,11 +110,13 @@ async def replay(port: int, gens, vocab: int, drain_s: float) -> list[dict]:
     return [t.result() if t in done else {"error": "not finished"} for t in tasks]
 
 
-def measured(devices: list[LLMDevice], gens, slo: dict, kv_gib: float, drain_s: float) -> dict:
+def measured(devices: list[LLMDevice], gens, slo: dict, kv_gib: float, drain_s: float, whole_prompts: bool) -> dict:
     from specserve.cluster.placement import ReplicaSpec, ServePlacement
     from specserve.cluster.router import ReplicaSet
     from specserve.server.app import build_app
     engine = {"model": None, "num_threads": 1, "kv_cache_gib": kv_gib, "max_model_len": 4096}
+    if whole_prompts:  # as the simulator admits them: a prompt in one step, not in SARATHI chunks
+        engine["prefill_chunk"] = None
     replicas = [ReplicaSpec(m, device=d, cores=(d % (os.cpu_count() or 1),),
                             overrides={"speculative": "draft"} if m in dev.drafts else {})
                 for d, dev in enumerate(devices) for m in dev.models]
@@ -147,6 +153,7 @@ def main() -> int:
     ap.add_argument("--budget-gb", type=float, default=0.6, help="memory per device: weights, then KV")
     ap.add_argument("--drain", type=float, default=120.0, help="seconds after the last arrival before a run is cut")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--whole-prompts", action="store_true", help="replicas prefill whole prompts (no chunks)")
     ap.add_argument("--profile", default=PROFILE_1T)
     ap.add_argument("--out", default="bench/results/plan")
     args = ap.parse_args()
@@ -154,7 +161,7 @@ def main() -> int:
     from specserve.loading import embedded_model_path
     from specserve_bench.machine import cpu
 
-    prof = profile(args.profile)
+    prof = profile(args.profile, args.prompt_median)
     dmeta = prof.meta["draft"]
     spec = newest_spec_bench(model_file=os.path.basename(embedded_model_path()))
     draft = DraftSpec.from_spec_bench(spec, dmeta["weights_gb"], dmeta["kv_gb_per_token"])
@@ -170,7 +177,7 @@ def main() -> int:
             sim = simulate_llm(devices, gens, profiles, drafts, slo, args.budget_gb).summary()
             most = max(len(d.models) for d in devices)
             kv_gib = max(0.02, (args.budget_gb - prof.weights_gb * most - draft.weights_gb * most) / most / 1.0737)
-            real = measured(devices, gens, slo, kv_gib, args.drain)
+            real = measured(devices, gens, slo, kv_gib, args.drain, args.whole_prompts)
             row = {"placement": name, "rate": rate, "generations": len(gens), "simulated": sim, "measured": real}
             rows.append(row)
             print(f"{name:>10} at {rate:g}/s ({len(gens)} generations): simulated {sim['slo_attainment']:.3f}, "

@@ -19,7 +19,8 @@ PREFILL_TOKENS = (64, 128, 256, 512, 1024)
 _STEPS = 16  # decode steps timed per batch
 
 
-def profile_passes(model=None, reps: int = 3, threads: Optional[int] = None) -> PassProfile:
+def profile_passes(model=None, reps: int = 3, threads: Optional[int] = None, context: int = 8) -> PassProfile:
+    """context: the prompt length behind each decode step timed (attention reads that much KV)."""
     from specserve import LLM, SamplingParams
     from specserve.drafters.draft_model import default_draft_path
     from specserve.loading import EMBEDDED_FILE, resolve_model_path
@@ -42,14 +43,14 @@ def profile_passes(model=None, reps: int = 3, threads: Optional[int] = None) -> 
 
     seconds = {}
     for b in DECODE_BATCHES:  # (prefill + 1 + _STEPS decode steps) - (prefill + 1): the decode steps alone
-        prompts = [ids(8, s) for s in range(b)]
+        prompts = [ids(context, s) for s in range(b)]
         seconds[b] = max(median(prompts, _STEPS + 1) - median(prompts, 1), 1e-6) / _STEPS
     for n in PREFILL_TOKENS:
         seconds[n] = median([ids(n, 1)], 1)
     arch = llm.engine.arch
     kv_bytes = arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * 2 * 4  # float32 K and V
     path = resolve_model_path(model)
-    meta = {"threads": threads, "reps": reps, "decode_batches": list(DECODE_BATCHES),
+    meta = {"threads": threads, "reps": reps, "decode_context": context, "decode_batches": list(DECODE_BATCHES),
             "prefill_tokens": list(PREFILL_TOKENS), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     if os.path.basename(path) == EMBEDDED_FILE:  # the EAGLE draft that ships for it: one decoder layer
         draft_dir = default_draft_path(path)
