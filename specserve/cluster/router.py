@@ -149,7 +149,10 @@ class ReplicaSet:
 
     def __init__(self, placement: ServePlacement, address: Optional[str] = None, start_timeout_s: float = 900.0,
                  num_cpus: Optional[int] = None):
-        import ray
+        try:
+            import ray
+        except ModuleNotFoundError:
+            raise ModuleNotFoundError("serving a placement needs Ray: pip install 'specserve[cluster]'") from None
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
             if address:  # an existing cluster (`ray start --head` on one node, `ray start --address` on the others)
