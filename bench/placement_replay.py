@@ -66,8 +66,7 @@ def serve_in_thread(app):
 
 async def one(client, g, sem, t0: float, vocab: int) -> dict:
     """Stream one generation; its TTFT from its arrival, and TPOT over the tokens after the first."""
-    ids = [(g.arrival * 1000 + 7919 * i) % (vocab - 200) + 100 for i in range(g.prompt_tokens)]
-    ids = [int(t) for t in ids]
+    ids = [int(g.arrival * 1000 + 7919 * i) % (vocab - 200) + 100 for i in range(g.prompt_tokens)]
     async with sem:
         first = last = None
         tokens = 0

@@ -64,7 +64,7 @@ class ReplicaState:
 
 class ModelReplicas:
     """A served model over its replicas, with the surface of AsyncLLM that the server uses: encode,
-    encode_chat, check, generate, abort, stats, tokenizer, model_name, max_model_len."""
+    encode_chat, check, generate, abort, tokenizer, model_name, max_model_len (statistics: ReplicaSet)."""
 
     def __init__(self, name: str, replicas: list[ReplicaState], info: dict):
         self.model_name = name
@@ -93,10 +93,6 @@ class ModelReplicas:
         if not live:
             raise ReplicaDiedError(f"no replica of `{self.model_name}` is alive")
         return min(live, key=lambda r: (r.in_flight, r.kv_share, r.index))
-
-    @property
-    def stats(self) -> EngineStats:
-        return summed([r.stats for r in self.replicas if r.alive])
 
     async def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None) -> AsyncIterator[StreamDelta]:
