@@ -26,6 +26,7 @@ import time
 import numpy as np
 
 from specserve.planner.llm import LLMSLO, DraftSpec, Generation, LLMDevice, PassProfile, llm_workload, simulate_llm
+from specserve.planner.llm_search import plan_llm
 
 PLACEMENTS = {
     "dedicated": [LLMDevice(["a"]), LLMDevice(["b"])],
@@ -137,7 +138,8 @@ def measured(devices: list[LLMDevice], gens, slo: dict, kv_gib: float, drain_s: 
     lim_tpot = np.array([slo[g.model].tpot_s for g in gens])
     good = ~np.isnan(ttft) & (ttft <= lim_ttft) & (tpot <= lim_tpot)
     return {"attainment": float(good.mean()), "ttft_p50_s": float(np.nanmedian(ttft)), "tpot_p50_s": float(np.nanmedian(tpot)),
-            "errors": sum("error" in r for r in results), "first_error": next((r["error"] for r in results if "error" in r), None)}
+            "errors": sum("error" in r for r in results), "first_error": next((r["error"] for r in results if "error" in r), None),
+            "ttft_s": [round(float(x), 4) for x in ttft], "tpot_s": [round(float(x), 5) for x in tpot]}
 
 
 def main() -> int:
@@ -153,6 +155,8 @@ def main() -> int:
     ap.add_argument("--drain", type=float, default=120.0, help="seconds after the last arrival before a run is cut")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--whole-prompts", action="store_true", help="replicas prefill whole prompts (no chunks)")
+    ap.add_argument("--sharing", default="processor", choices=("processor", "turns"),
+                    help="how the simulator shares a device between its replicas (simulate_llm)")
     ap.add_argument("--profile", default=PROFILE_1T)
     ap.add_argument("--out", default="bench/results/plan")
     args = ap.parse_args()
@@ -167,17 +171,29 @@ def main() -> int:
     models = ["a", "b"]
     profiles, drafts = {m: prof for m in models}, {m: draft for m in models}
     slo = {m: LLMSLO(args.ttft_scale * prof.pass_s(args.prompt_median), args.tpot_scale * prof.pass_s(1)) for m in models}
-    rows = []
+    rows, chosen = [], {}
     for rate in [float(r) for r in args.rates.split(",")]:
         gens = llm_workload(models, rate, 1.0, args.duration, args.seed, prompt_median=args.prompt_median,
                             output_median=args.output_median, max_len=2048)
+        # what the planner itself would place on these two devices for this trace (Deliver 3: a draft, or
+        # one more plain replica), beside the three placements replayed
+        plan = plan_llm(models, 2, gens, profiles, drafts, slo, args.budget_gb, sharing=args.sharing)
+        key = lambda devs: sorted((sorted(d.models), sorted(d.drafts)) for d in devs)  # noqa: E731
+        named = [n for n, devs in PLACEMENTS.items() if key(devs) == key(plan.devices)]
+        chosen[rate] = {"devices": [{"models": d.models, "drafts": d.drafts} for d in plan.devices],
+                        "placement": named[0] if named else None, "simulated": plan.result.slo_attainment}
+        print(f"at {rate:g}/s the planner places {chosen[rate]['devices']} ({chosen[rate]['placement'] or 'none of the three'}), "
+              f"simulated {plan.result.slo_attainment:.3f}", flush=True)
         for name in args.placements.split(","):
             devices = PLACEMENTS[name]
-            sim = simulate_llm(devices, gens, profiles, drafts, slo, args.budget_gb).summary()
+            res = simulate_llm(devices, gens, profiles, drafts, slo, args.budget_gb, sharing=args.sharing)
+            sim = {**res.summary(), "ttft_s": [round(float(x), 4) for x in res.ttft],
+                   "tpot_s": [round(float(x), 5) for x in res.tpot]}
             most = max(len(d.models) for d in devices)
             kv_gib = max(0.02, (args.budget_gb - prof.weights_gb * most - draft.weights_gb * most) / most / 1.0737)
             real = measured(devices, gens, slo, kv_gib, args.drain, args.whole_prompts)
-            row = {"placement": name, "rate": rate, "generations": len(gens), "simulated": sim, "measured": real}
+            row = {"placement": name, "rate": rate, "generations": len(gens), "simulated": sim, "measured": real,
+                   "trace": [[round(g.arrival, 4), g.model, g.prompt_tokens, g.output_tokens] for g in gens]}
             rows.append(row)
             print(f"{name:>10} at {rate:g}/s ({len(gens)} generations): simulated {sim['slo_attainment']:.3f}, "
                   f"measured {real['attainment']:.3f} (TTFT p50 {sim['ttft_p50_s'] * 1e3:.0f} / {real['ttft_p50_s'] * 1e3:.0f} ms, "
@@ -186,7 +202,7 @@ def main() -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = os.path.join(args.out, f"placement-replay-{stamp}")
     os.makedirs(args.out, exist_ok=True)
-    report = {"machine": cpu(), "args": vars(args), "profile": args.profile, "spec_bench": spec,
+    report = {"machine": cpu(), "args": vars(args), "profile": args.profile, "spec_bench": spec, "planner": chosen,
               "slo_ms": {"ttft": slo["a"].ttft_s * 1e3, "tpot": slo["a"].tpot_s * 1e3}, "rows": rows}
     with open(base + ".json", "w") as f:
         json.dump(report, f, indent=1, default=str)
@@ -204,7 +220,9 @@ def main() -> int:
         at = [r for r in rows if r["rate"] == rate]
         sim = [r["placement"] for r in sorted(at, key=lambda r: -r["simulated"]["slo_attainment"])]
         real = [r["placement"] for r in sorted(at, key=lambda r: -r["measured"]["attainment"])]
-        lines.append(f"\nAt {rate:g}/s: simulated ranking {sim}, measured {real}.")
+        c = chosen[rate]
+        lines.append(f"\nAt {rate:g}/s: simulated ranking {sim}, measured {real}. The planner's own placement: "
+                     f"{c['devices']} ({c['placement'] or 'none of the three'}, simulated {c['simulated']:.3f}).")
     with open(base + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"{base}.json, {base}.md")

@@ -9,10 +9,11 @@ Each model's object holds the keyword arguments of LLM(...) for its replicas ("m
 null is the embedded model);
 each replica names its model, and may ask Ray for CPUs / GPUs (default 0: replicas share the node's
 cores, each with the threads its engine is given), name a node ("node": an IP, Ray's `node:<ip>`
-resource) for a multi-node cluster, keep to some cores of its machine ("cores": [0] pins its process
-there, as a planner's device stands for cores), change some of its model's arguments ("overrides": a replica
+resource) for a multi-node cluster, keep to some cores of its machine ("cores": [0] pins its engine's
+threads there, as a planner's device stands for cores), change some of its model's arguments ("overrides": a replica
 that carries a draft, {"speculative": "draft"}) and say which of the planner's devices it stands for
-("device", informational).
+("device": replicas naming the same device on the same node share it, and the router counts their
+requests together).
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ class ReplicaSpec:
     num_gpus: float = 0.0
     node: Optional[str] = None  # a node's IP: the replica runs there (Ray's node:<ip> resource)
     overrides: dict = field(default_factory=dict)  # LLM(...) arguments of this replica only
-    device: Optional[int] = None  # the planner's device it stands for (informational)
-    cores: Optional[tuple[int, ...]] = None  # the CPU cores its process may run on (None: any)
+    device: Optional[int] = None  # the planner's device it stands for (replicas on one device share it)
+    cores: Optional[tuple[int, ...]] = None  # the CPU cores its engine computes on (None: any)
 
 
 @dataclass

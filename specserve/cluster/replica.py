@@ -1,5 +1,10 @@
 """What one Ray actor runs: an AsyncLLM of its own, its generate streamed back delta by delta.
 
+"cores" keeps the engine's threads (its loop and the kernels' threads, started after the mask is set)
+to a planner device's cores. Ray's own threads (the actor's event loop, which streams the deltas, and
+its gRPC pollers) are left to the OS, as vLLM's CPU backend binds only its OpenMP threads: pinned to
+the engine's core as well, they took its time at every token (docs/decisions.md#replica-cores).
+
 The actor is asynchronous (Ray runs its methods on one event loop), so a thousand requests can be
 in flight on it while its engine thread steps them in one batch, as in a single-process server.
 Cancelling a streamed generate (the router does when its client goes away) cancels the coroutine,
@@ -16,7 +21,7 @@ from ..types import SamplingParams
 class Replica:
     def __init__(self, name: str, llm_kwargs: dict, cores: Optional[tuple[int, ...]] = None):
         from ..engine.async_llm import AsyncLLM
-        if cores is not None:  # before torch starts its threads: they inherit the mask
+        if cores is not None:  # before the engine starts its threads: they inherit the mask
             os.sched_setaffinity(0, set(cores))
         self.name = name
         self.llm = AsyncLLM(**llm_kwargs)
@@ -25,7 +30,7 @@ class Replica:
         """What the router needs to serve this model without asking again: the tokenizer travels pickled."""
         return {"served": self.name, "model_name": self.llm.model_name, "max_model_len": self.llm.max_model_len,
                 "tokenizer": self.llm.tokenizer, "pid": os.getpid(),
-                "cores": sorted(os.sched_getaffinity(0)),
+                "cores": sorted(os.sched_getaffinity(self.llm.thread_id)),
                 "kv_blocks_total": self.llm.stats.kv_blocks_total}
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> Optional[str]:

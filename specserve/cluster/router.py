@@ -2,8 +2,9 @@
 and the set of them (ReplicaSet) that launches the actors, watches them and sums their statistics.
 
 Routing (Ray Serve's power-of-two idea without the sampling, as there are few replicas): a request
-goes to the live replica of its model with the fewest requests this router has in flight there,
-ties broken by the least KV in use (the last statistics polled), then by index. Everything a request
+goes to the live replica of its model whose device has the fewest requests this router has in flight
+(replicas that name the same "device" share its cores: a planner's device holding two models), then
+the fewest on the replica itself, then the least KV in use (the last statistics polled), then index. Everything a request
 needs is on the replica that takes it, so no state moves between replicas.
 
 A replica that dies (its process killed, its node gone) fails only the requests it held: each of
@@ -22,7 +23,7 @@ from typing import AsyncIterator, Optional
 from ..engine.async_llm import EngineStats
 from ..engine.llm import Prompt, chat_token_ids, prompt_token_ids
 from ..types import EngineDeadError, SamplingParams, StreamDelta
-from .placement import PlacementError, ServePlacement
+from .placement import PlacementError, ReplicaSpec, ServePlacement
 from .replica import Replica
 
 STATS_EVERY_S = 0.5  # how often the watcher polls each replica's statistics (routing and /metrics)
@@ -56,6 +57,11 @@ class ReplicaState:
     in_flight: int = 0  # requests this router has on it now
     alive: bool = True
     stats: EngineStats = field(default_factory=EngineStats)
+    peers: list = field(default_factory=list)  # the replicas on its device, itself included
+
+    @property
+    def device_in_flight(self) -> int:
+        return sum(p.in_flight for p in self.peers) if self.peers else self.in_flight
 
     @property
     def kv_share(self) -> float:
@@ -92,7 +98,7 @@ class ModelReplicas:
         live = [r for r in self.replicas if r.alive]
         if not live:
             raise ReplicaDiedError(f"no replica of `{self.model_name}` is alive")
-        return min(live, key=lambda r: (r.in_flight, r.kv_share, r.index))
+        return min(live, key=lambda r: (r.device_in_flight, r.in_flight, r.kv_share, r.index))
 
     async def generate(self, prompt: Prompt, params: Optional[SamplingParams] = None,
                        request_id: Optional[str] = None) -> AsyncIterator[StreamDelta]:
@@ -133,6 +139,17 @@ class ModelReplicas:
             rep.actor.abort.remote(str(request_id))
 
 
+def share_devices(states: list[ReplicaState], specs: list[ReplicaSpec]) -> None:
+    """Give each replica its peers: those naming the same device on the same node (itself included);
+    a replica that names no device is alone on its own."""
+    devices: dict = {}
+    for s, spec in zip(states, specs):
+        devices.setdefault((spec.node, spec.device) if spec.device is not None else ("alone", s.index), []).append(s)
+    for peers in devices.values():
+        for s in peers:
+            s.peers = peers
+
+
 def summed(stats: list[EngineStats]) -> EngineStats:
     """Replicas' statistics added up (speculation's are per replica: left out of the sum)."""
     keys = [f.name for f in fields(EngineStats) if f.name != "spec"]
@@ -163,6 +180,7 @@ class ReplicaSet:
                 opts["resources"] = {f"node:{spec.node}": 0.01}
             actor = actor_cls.options(**opts).remote(spec.model, placement.engine_kwargs(i), spec.cores)
             self.states.append(ReplicaState(i, spec.model, actor))
+        share_devices(self.states, placement.replicas)
         try:
             infos = ray.get([s.actor.describe.remote() for s in self.states], timeout=start_timeout_s)
         except Exception as e:

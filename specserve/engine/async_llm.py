@@ -153,6 +153,11 @@ class AsyncLLM:
         """Stop a running request (its generate ends with finish_reason "abort"); unknown ids are ignored."""
         self._send(("abort", str(request_id)))
 
+    @property
+    def thread_id(self) -> int:
+        """The engine thread's native id (where its CPU affinity can be read)."""
+        return self._thread.native_id
+
     def shutdown(self, timeout: float = 10.0) -> None:
         self._closed = True
         self._wake.set()

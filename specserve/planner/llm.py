@@ -230,11 +230,18 @@ class _Replica:
 
 def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profiles: dict[str, PassProfile],
                  drafts: dict[str, DraftSpec], slo: dict[str, LLMSLO], budget_gb: float,
-                 max_num_seqs: int = 64, max_prefill_tokens: int = 4096) -> LLMResult:
-    """Continuous batching on every device. A device runs one replica's step at a time, taking its
-    replicas in turn; a step admits waiting generations (FIFO, while KV and max_num_seqs allow, up to
-    max_prefill_tokens of prompt) as prefill rows beside the decode rows of those already running.
-    A generation goes to the replica of its model with the fewest generations in it (lower device first)."""
+                 max_num_seqs: int = 64, max_prefill_tokens: int = 4096, sharing: str = "processor") -> LLMResult:
+    """Continuous batching on every device: a replica's step admits waiting generations (FIFO, while KV
+    and max_num_seqs allow, up to max_prefill_tokens of prompt) as prefill rows beside the decode rows
+    of those already running. Replicas on one device share it (`sharing`):
+      "processor"  each replica steps on its own, all at once, each at 1/n of the device's speed while
+                   n of them have a step in flight: what the OS does with replica processes on shared
+                   cores (a served placement: one Ray actor per replica)
+      "turns"      one replica's step at a time, taking the replicas in turn (one process stepping them)
+    A generation goes to the replica of its model whose device holds the fewest generations (over all
+    its replicas: they share its time), then the one with the fewest itself, then the lower index."""
+    if sharing not in ("processor", "turns"):
+        raise ValueError(f"sharing is 'processor' or 'turns', not {sharing!r}")
     n = len(gens)
     ttft, finish = np.full(n, np.nan), np.full(n, np.nan)
     reps, on_device = [], []
@@ -255,43 +262,77 @@ def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profi
     for i, r in enumerate(reps):
         of_model.setdefault(r.model, []).append(i)
     turn = [0] * len(devices)
-    busy = [False] * len(devices)
-    events: list = []  # steps in flight: (end time, device, replica, generations it prefills, tokens each decode gains)
+    # steps in flight per device: replica -> [seconds of work left at the device's full speed, generations
+    # it prefills, tokens each decode gains]; `last`: when the work left was brought up to date
+    active: list[dict[int, list]] = [{} for _ in devices]
+    last = [0.0] * len(devices)
+    version = [0] * len(devices)
+    events: list = []  # (a device's next step end, its version then, device); an older version is stale
     stats = {"steps": 0, "spec": 0, "hist": {}, "spec_hist": {}}
 
-    def start(d: int, now: float) -> None:
+    def launch(ri: int, d: int) -> Optional[list]:
+        """Replica ri's next step ([seconds, generations it prefills, tokens each decode gains]), or
+        None when it has nothing to run."""
+        r = reps[ri]
+        admitted, prefill = [], 0
+        while r.waiting and len(r.running) + len(admitted) < max_num_seqs:
+            g = gens[r.waiting[0]]
+            need = (g.prompt_tokens + g.output_tokens) * r.kv_per_token
+            if need > kv_free[d] + 1e-12 or (admitted and prefill + g.prompt_tokens > max_prefill_tokens):
+                break
+            kv_free[d] -= need
+            prefill += g.prompt_tokens
+            admitted.append(r.waiting.popleft())
+        b = len(r.running)
+        if not admitted and b == 0:
+            return None
+        k, _, gain = r.step(b)
+        seconds = r.profile.pass_s(b * (k + 1) + prefill)
+        if r.draft is not None:  # the draft drafts for the decodes and prefills the new prompts
+            seconds += r.draft.c * (k * r.profile.pass_s(b) + (r.profile.pass_s(prefill) if prefill else 0.0))
+        stats["steps"] += 1
+        if b:
+            stats["hist"][b] = stats["hist"].get(b, 0) + 1
+            if k:
+                stats["spec"] += 1
+                stats["spec_hist"][b] = stats["spec_hist"].get(b, 0) + 1
+        r.prefilling = len(admitted)
+        return [seconds, admitted, gain]
+
+    def advance(d: int, t: float) -> None:
+        if active[d]:
+            done = (t - last[d]) / len(active[d])
+            for step in active[d].values():
+                step[0] -= done
+        last[d] = t
+
+    def fill(d: int, now: float) -> None:
+        """Start the steps device d can run now, and schedule its next step end."""
         rs = on_device[d]
-        for j in range(len(rs)):
-            ri = rs[(turn[d] + j) % len(rs)]
-            r = reps[ri]
-            admitted, prefill = [], 0
-            while r.waiting and len(r.running) + len(admitted) < max_num_seqs:
-                g = gens[r.waiting[0]]
-                need = (g.prompt_tokens + g.output_tokens) * r.kv_per_token
-                if need > kv_free[d] + 1e-12 or (admitted and prefill + g.prompt_tokens > max_prefill_tokens):
-                    break
-                kv_free[d] -= need
-                prefill += g.prompt_tokens
-                admitted.append(r.waiting.popleft())
-            b = len(r.running)
-            if not admitted and b == 0:
-                continue
-            k, _, gain = r.step(b)
-            seconds = r.profile.pass_s(b * (k + 1) + prefill)
-            if r.draft is not None:  # the draft drafts for the decodes and prefills the new prompts
-                seconds += r.draft.c * (k * r.profile.pass_s(b) + (r.profile.pass_s(prefill) if prefill else 0.0))
-            stats["steps"] += 1
-            if b:
-                stats["hist"][b] = stats["hist"].get(b, 0) + 1
-                if k:
-                    stats["spec"] += 1
-                    stats["spec_hist"][b] = stats["spec_hist"].get(b, 0) + 1
-            r.prefilling = len(admitted)
-            turn[d] = (turn[d] + j + 1) % len(rs)
-            busy[d] = True
-            heapq.heappush(events, (now + seconds, d, ri, admitted, gain))
+        order = [rs[(turn[d] + j) % len(rs)] for j in range(len(rs))]
+        for j, ri in enumerate(order):
+            if sharing == "turns" and active[d]:
+                break
+            if ri not in active[d]:
+                step = launch(ri, d)
+                if step is not None:
+                    active[d][ri] = step
+                    turn[d] = (turn[d] + j + 1) % len(rs) if sharing == "turns" else turn[d]
+        if sharing == "processor":
+            turn[d] = (turn[d] + 1) % len(rs)  # who admits first (the device's KV) rotates
+        if active[d]:
+            version[d] += 1
+            end = now + min(step[0] for step in active[d].values()) * len(active[d])
+            heapq.heappush(events, (end, version[d], d))
+
+    def on_event(t: float, ver: int, d: int) -> None:
+        if ver != version[d]:
             return
-        busy[d] = False
+        advance(d, t)
+        for ri in [ri for ri, step in active[d].items() if step[0] <= 1e-9]:
+            _, admitted, gain = active[d].pop(ri)
+            finish_step(t, d, ri, admitted, gain)
+        fill(d, t)
 
     def finish_step(t: float, d: int, ri: int, admitted: list[int], gain: float) -> None:
         r = reps[ri]
@@ -318,23 +359,20 @@ def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profi
 
     for i, g in enumerate(gens):
         while events and events[0][0] <= g.arrival:
-            t, d, ri, admitted, gain = heapq.heappop(events)
-            finish_step(t, d, ri, admitted, gain)
-            start(d, t)
+            on_event(*heapq.heappop(events))
         # replicas whose device could hold this generation's KV at all (else it would block the queue)
         cands = [c for c in of_model.get(g.model, [])
                  if (g.prompt_tokens + g.output_tokens) * reps[c].kv_per_token <= kv_cap[rep_device[c]] + 1e-12]
         if not cands:
             continue
-        ri = min(cands, key=lambda c: (reps[c].outstanding(), c))
+        ri = min(cands, key=lambda c: (sum(reps[o].outstanding() for o in on_device[rep_device[c]]),
+                                       reps[c].outstanding(), c))
         reps[ri].waiting.append(i)
         d = rep_device[ri]
-        if not busy[d]:
-            start(d, g.arrival)
+        advance(d, g.arrival)
+        fill(d, g.arrival)
     while events:
-        t, d, ri, admitted, gain = heapq.heappop(events)
-        finish_step(t, d, ri, admitted, gain)
-        start(d, t)
+        on_event(*heapq.heappop(events))
 
     arrival = np.asarray([g.arrival for g in gens])
     out_tokens = np.asarray([g.output_tokens for g in gens])

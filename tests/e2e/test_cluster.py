@@ -101,6 +101,7 @@ def test_ray_listens_on_loopback_only(cluster):
 
 
 def test_a_replica_keeps_to_the_cores_it_was_given(cluster):
+    """The engine's thread (it computes every step); Ray's own threads are left to the OS."""
     import os
     assert cluster.states[0].cores == [0]
     assert cluster.states[1].cores == sorted(os.sched_getaffinity(0))

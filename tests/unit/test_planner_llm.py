@@ -70,11 +70,36 @@ def test_kv_memory_holds_back_admission():
 
 def test_routing_to_the_replica_with_fewest_generations():
     gens = [Generation(0.0, "a", 100, 50), Generation(0.01, "a", 100, 50), Generation(0.02, "b", 10, 2)]
-    res = simulate_llm([LLMDevice(["a"]), LLMDevice(["a", "b"])], gens, {"a": LINEAR, "b": LINEAR}, {}, SLO, 1.0)
+    res = simulate_llm([LLMDevice(["a"]), LLMDevice(["a", "b"])], gens, {"a": LINEAR, "b": LINEAR}, {}, SLO, 1.0,
+                       sharing="turns")
     assert res.ttft[0] == pytest.approx(0.110)  # device 0
     assert res.ttft[1] == pytest.approx(0.110)  # device 1, idle: not queued behind the first
     # b shares device 1 with a's replica: it runs when a's first step ends (turns alternate)
     assert res.ttft[2] == pytest.approx(0.120 - 0.02 + 0.020, abs=1e-9)
+
+
+def test_replicas_on_one_device_share_it_at_once_or_in_turns():
+    """a and b on one device, each a prompt of 100 and 3 tokens at t = 0 (pass(n) = 10 ms + 1 ms a token).
+    processor: both prefills run at half speed (first tokens at 0.220), then both decode at once (2 x 11
+    ms a token). turns: a's prefill, b's, then their decode steps alternate."""
+    gens = [Generation(0.0, "a", 100, 3), Generation(0.0, "b", 100, 3)]
+    dev, prof = [LLMDevice(["a", "b"])], {"a": LINEAR, "b": LINEAR}
+    shared = simulate_llm(dev, gens, prof, {}, SLO, 1.0)  # "processor" is the default
+    assert list(shared.ttft) == pytest.approx([0.220, 0.220]) and list(shared.tpot) == pytest.approx([0.022, 0.022])
+    turns = simulate_llm(dev, gens, prof, {}, SLO, 1.0, sharing="turns")
+    assert list(turns.ttft) == pytest.approx([0.110, 0.220])
+    assert list(turns.tpot) == pytest.approx([(0.253 - 0.110) / 2, (0.264 - 0.220) / 2])
+    with pytest.raises(ValueError, match="sharing"):
+        simulate_llm(dev, gens, prof, {}, SLO, 1.0, sharing="fair")
+
+
+def test_routing_counts_every_replica_on_a_device():
+    """Two devices each holding a and b: a's generation takes device 0 (both idle, lower index); b's
+    goes to device 1, where nothing runs, not to its own idle replica on device 0 (which shares a's time)."""
+    both = [LLMDevice(["a", "b"]), LLMDevice(["a", "b"])]
+    gens = [Generation(0.0, "a", 100, 50), Generation(0.01, "b", 100, 50)]
+    res = simulate_llm(both, gens, {"a": LINEAR, "b": LINEAR}, {}, SLO, 1.0)
+    assert res.ttft[0] == pytest.approx(0.110) and res.ttft[1] == pytest.approx(0.110)  # not 0.100 + 0.110
 
 
 @pytest.mark.parametrize("tpot_scale, draft_wins", [(0.9, True), (4.0, False)])

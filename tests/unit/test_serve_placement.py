@@ -63,3 +63,24 @@ def test_a_file_that_is_missing_or_not_json_is_named(tmp_path):
     empty.write_text("{}")
     with pytest.raises(PlacementError, match='empty.json: a placement needs "models"'):
         ServePlacement.load(str(empty))
+
+
+def test_the_router_counts_every_replica_on_a_device():
+    """Devices 0 and 1 each hold a and b (the planner's "replicated"): with one request of a in flight
+    on device 0, b's next goes to device 1, not to its own idle replica beside a's busy one."""
+    from specserve.cluster.router import ModelReplicas, ReplicaState, share_devices
+    specs = [ReplicaSpec(m, device=d) for d in (0, 1) for m in ("a", "b")]
+    states = [ReplicaState(i, s.model, actor=None) for i, s in enumerate(specs)]
+    share_devices(states, specs)
+    info = {"tokenizer": None, "max_model_len": 64}
+    a = ModelReplicas("a", [states[0], states[2]], info)
+    b = ModelReplicas("b", [states[1], states[3]], info)
+    assert a.pick() is states[0] and b.pick() is states[1]  # nothing in flight: lower index
+    states[0].in_flight = 1
+    assert b.pick() is states[3] and a.pick() is states[2]
+    states[2].in_flight = 2  # device 1 now busier: b goes back to device 0
+    assert b.pick() is states[1]
+    alone = [ReplicaState(i, "a", actor=None) for i in range(2)]
+    share_devices(alone, [ReplicaSpec("a"), ReplicaSpec("a")])  # no device named: each on its own
+    alone[0].in_flight = 1
+    assert ModelReplicas("a", alone, info).pick() is alone[1]
