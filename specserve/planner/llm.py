@@ -313,11 +313,10 @@ def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profi
         for j, ri in enumerate(order):
             if sharing == "turns" and active[d]:
                 break
-            if ri not in active[d]:
-                step = launch(ri, d)
-                if step is not None:
-                    active[d][ri] = step
-                    turn[d] = (turn[d] + j + 1) % len(rs) if sharing == "turns" else turn[d]
+            if ri not in active[d] and (step := launch(ri, d)) is not None:
+                active[d][ri] = step
+                if sharing == "turns":
+                    turn[d] = (turn[d] + j + 1) % len(rs)
         if sharing == "processor":
             turn[d] = (turn[d] + 1) % len(rs)  # who admits first (the device's KV) rotates
         if active[d]:
