@@ -4,8 +4,8 @@ and the set of them (ReplicaSet) that launches the actors, watches them and sums
 Routing (Ray Serve's power-of-two idea without the sampling, as there are few replicas): a request
 goes to the live replica of its model whose device has the fewest requests this router has in flight
 (replicas that name the same "device" share its cores: a planner's device holding two models), then
-the fewest on the replica itself, then the least KV in use (the last statistics polled), then index. Everything a request
-needs is on the replica that takes it, so no state moves between replicas.
+the fewest on the replica itself, then the least KV in use (the last statistics polled), then index.
+Everything a request needs is on the replica that takes it, so no state moves between replicas.
 
 A replica that dies (its process killed, its node gone) fails only the requests it held: each of
 their streams raises ReplicaDiedError (an EngineDeadError: the server answers 503, as an error
