@@ -306,20 +306,23 @@ def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profi
                 step[0] -= done
         last[d] = t
 
-    def fill(d: int, now: float) -> None:
-        """Start the steps device d can run now, and schedule its next step end."""
+    def fill(d: int, now: float, stepped: bool = False) -> None:
+        """Start the steps device d can run now and, when its steps changed (one ended: `stepped`, or
+        one started), schedule its next step end; otherwise the scheduled one still holds."""
         rs = on_device[d]
         order = [rs[(turn[d] + j) % len(rs)] for j in range(len(rs))]
+        started = False
         for j, ri in enumerate(order):
             if sharing == "turns" and active[d]:
                 break
             if ri not in active[d] and (step := launch(ri, d)) is not None:
                 active[d][ri] = step
+                started = True
                 if sharing == "turns":
                     turn[d] = (turn[d] + j + 1) % len(rs)
         if sharing == "processor":
             turn[d] = (turn[d] + 1) % len(rs)  # who admits first (the device's KV) rotates
-        if active[d]:
+        if active[d] and (started or stepped):
             version[d] += 1
             end = now + min(step[0] for step in active[d].values()) * len(active[d])
             heapq.heappush(events, (end, version[d], d))
@@ -331,7 +334,7 @@ def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profi
         for ri in [ri for ri, step in active[d].items() if step[0] <= 1e-9]:
             _, admitted, gain = active[d].pop(ri)
             finish_step(t, d, ri, admitted, gain)
-        fill(d, t)
+        fill(d, t, stepped=True)
 
     def finish_step(t: float, d: int, ri: int, admitted: list[int], gain: float) -> None:
         r = reps[ri]
