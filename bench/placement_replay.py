@@ -3,13 +3,18 @@ against the attainment measured through the OpenAI endpoint, on the same workloa
 placements of two models on two devices, at a low and a high load. AlpaServe closes this loop for its
 one-shot models (`specserve plan replay`); this is the same check for LLM generations.
 
-    python bench/placement_replay.py [--rates 0.4,2] [--duration 90] [--placements dedicated,replicated,draft]
+    python bench/placement_replay.py [--calibrate] [--rates 0.4,0.8] [--skew 2] [--duration 150]
+                                     [--placements dedicated,replicated,draft]
 
 A planner device is one core here: each replica is a Ray actor pinned to its device's core with one
 engine thread, and the simulator reads a pass profile measured with one thread (made on first use,
-kept in bench/results/plan/llm-profile-cpu-1t.json, its decode steps timed at the trace's median prompt
-length of context). The two models are the embedded model twice
-(the planner sees two models with their own arrivals); "draft" carries the EAGLE draft beside each.
+kept in bench/results/plan/llm-profile-cpu-1t.json: decode steps timed at the trace's median prompt
+length of context, whole prompts' prefills in the engine's chunks, and the chunk, which the replicas
+are then given so that the simulator prices the steps they run). `--calibrate` measures what serving
+adds to those passes (a step's and a streamed token's cost, and two replicas switching on one core:
+`calibrate`) into the profile, and the simulator adds it from then on. The two models are the
+embedded model twice (the planner sees two models with their own arrivals: `--skew` gives the first
+the larger share, as AlpaServe's power law does); "draft" carries the EAGLE draft beside each.
 Each request is streamed (ignore_eos, its trace's prompt and output lengths); TTFT is the first
 token's arrival, TPOT the time after it over the remaining tokens, as the simulator defines them.
 """
@@ -17,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -39,7 +46,7 @@ PROFILE_1T = "bench/results/plan/llm-profile-cpu-1t.json"
 def profile(path: str, context: int) -> PassProfile:
     if os.path.exists(path):
         prof = PassProfile.load(path)
-        if prof.meta.get("decode_context", 8) == context:
+        if prof.meta.get("decode_context", 8) == context and prof.chunked:
             return prof
     from specserve_bench.passes import profile_passes
     print(f"measuring one-thread pass times into {path} (decode steps at {context} tokens of context)",
@@ -66,32 +73,33 @@ def serve_in_thread(app):
 
 
 async def one(client, g, sem, t0: float, vocab: int) -> dict:
-    """Stream one generation; its TTFT from its arrival, and TPOT over the tokens after the first."""
+    """Stream one generation; its TTFT from its arrival, TPOT over the tokens after the first, and
+    when each token came (seconds from t0)."""
     ids = [int(g.arrival * 1000 + 7919 * i) % (vocab - 200) + 100 for i in range(g.prompt_tokens)]
     async with sem:
-        first = last = None
+        times = []
         tokens = 0
         try:
             stream = await client.completions.create(
                 model=g.model, prompt=ids, max_tokens=g.output_tokens, temperature=0, stream=True,
                 stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
             async for ch in stream:
-                now = time.perf_counter()
                 if ch.choices and ch.choices[0].text:
-                    first = first if first is not None else now
-                    last = now
+                    times.append(time.perf_counter() - t0)
                 if ch.usage is not None:
                     tokens = ch.usage.completion_tokens
         except Exception as e:  # counted as not served: the run goes on
             return {"error": f"{type(e).__name__}: {str(e)[:120]}"}
-    if first is None:
+    if not times:
         return {"error": "no token"}
-    ttft = first - (t0 + g.arrival)
-    tpot = (last - first) / (tokens - 1) if tokens > 1 else 0.0
-    return {"ttft": ttft, "tpot": tpot, "tokens": tokens}
+    ttft = times[0] - g.arrival
+    tpot = (times[-1] - times[0]) / (tokens - 1) if tokens > 1 else 0.0
+    return {"ttft": ttft, "tpot": tpot, "tokens": tokens, "times": times}
 
 
-async def replay(port: int, gens, vocab: int, drain_s: float) -> list[dict]:
+async def replay(port: int, gens, drain_s: float, vocab: int = 49152) -> list[dict]:
+    """Every generation streamed at its arrival (vocab: the embedded model's); what has not finished
+    drain_s after the last arrival did not meet its SLO."""
     from openai import AsyncOpenAI
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0, timeout=600)
     sem = asyncio.Semaphore(256)
@@ -110,28 +118,30 @@ async def replay(port: int, gens, vocab: int, drain_s: float) -> list[dict]:
     return [t.result() if t in done else {"error": "not finished"} for t in tasks]
 
 
-def measured(devices: list[LLMDevice], gens, slo: dict, kv_gib: float, drain_s: float, whole_prompts: bool) -> dict:
+@contextlib.contextmanager
+def serving(devices: list[LLMDevice], engine: dict):
+    """The placement's replicas (one Ray actor each, pinned to its device's core) behind one endpoint,
+    warmed (kernels, the draft's first pass); yields the endpoint's port."""
     from specserve.cluster.placement import ReplicaSpec, ServePlacement
     from specserve.cluster.router import ReplicaSet
     from specserve.server.app import build_app
-    engine = {"model": None, "num_threads": 1, "kv_cache_gib": kv_gib, "max_model_len": 4096}
-    if whole_prompts:  # as the simulator admits them: a prompt in one step, not in SARATHI chunks
-        engine["prefill_chunk"] = None
     replicas = [ReplicaSpec(m, device=d, cores=(d % (os.cpu_count() or 1),),
                             overrides={"speculative": "draft"} if m in dev.drafts else {})
                 for d, dev in enumerate(devices) for m in dev.models]
-    placement = ServePlacement({"a": dict(engine), "b": dict(engine)}, replicas)
-    rs = ReplicaSet(placement, num_cpus=os.cpu_count())
+    models = sorted({m for dev in devices for m in dev.models})
+    rs = ReplicaSet(ServePlacement({m: dict(engine) for m in models}, replicas), num_cpus=os.cpu_count())
     try:
         srv, port = serve_in_thread(build_app(rs))
-        vocab = 49152  # the embedded model's
-        # warm every replica (kernels, the draft's first pass) before the clock starts
-        warm = [Generation(0.0, m, 16, 4) for m in ("a", "b") for _ in range(2)]
-        asyncio.run(replay(port, warm, vocab, 120))
-        results = asyncio.run(replay(port, gens, vocab, drain_s))
+        asyncio.run(replay(port, [Generation(0.0, m, 16, 4) for m in models for _ in range(2)], 120))
+        yield port, [st.pid for st in rs.states]
         srv.should_exit = True
     finally:
         rs.shutdown()
+
+
+def measured(devices: list[LLMDevice], gens, slo: dict, engine: dict, drain_s: float) -> dict:
+    with serving(devices, engine) as (port, _):
+        results = asyncio.run(replay(port, gens, drain_s))
     ttft = np.array([r.get("ttft", np.nan) for r in results])
     tpot = np.array([r.get("tpot", np.nan) for r in results])
     lim_ttft = np.array([slo[g.model].ttft_s for g in gens])
@@ -142,10 +152,67 @@ def measured(devices: list[LLMDevice], gens, slo: dict, kv_gib: float, drain_s: 
             "ttft_s": [round(float(x), 4) for x in ttft], "tpot_s": [round(float(x), 5) for x in tpot]}
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds process pid has used (every thread, on any core)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def calibrate(prof: PassProfile, engine: dict, budget_gb: float, prompt: int, batches=(1, 2, 4), output: int = 96) -> dict:
+    """What serving costs beyond the profile's passes, in wall time: b generations started together on
+    every replica, for each b in `batches`, on the dedicated placement (a replica a device) and the
+    replicated one (two a device), every device busy from the start to its last token. From the
+    dedicated runs, the time a device took beyond what the simulator prices the same generations at
+    is fitted as step_s a step + token_s a streamed token (least squares, both >= 0): the replica's
+    own overheads (Ray's threads, streaming) and what the driver (the endpoint and the clients, on the
+    same cores) takes from it. From the replicated runs, what two replicas sharing a device cost
+    beyond that, as a share of the simulated time: switch_cost (simulate_llm). CPU seconds of the
+    replicas and the driver are kept beside, for the reader."""
+    plain = dataclasses.replace(prof, meta={k: v for k, v in prof.meta.items() if k != "served"})
+    runs = {}
+    for name in ("dedicated", "replicated"):
+        placement = PLACEMENTS[name]
+        most = max(len(d.models) for d in placement)
+        kv_gib = max(0.02, (budget_gb - prof.weights_gb * most) / most / 1.0737)
+        with serving(placement, {**engine, "kv_cache_gib": kv_gib}) as (port, pids):
+            for b in batches:
+                gens = [Generation(1e-3 * j, m, prompt, output)  # their own prompts: nothing from the prefix cache
+                        for j, m in enumerate(["a", "b"] * (b * most))]
+                before, t0 = [cpu_s(p) for p in pids], sum(os.times()[:2])
+                results = asyncio.run(replay(port, gens, 300))
+                after, t1 = [cpu_s(p) for p in pids], sum(os.times()[:2])
+                bad = [r["error"] for r in results if "error" in r]
+                if bad:
+                    raise RuntimeError(f"calibration of {name} at batch {b}: {bad[0]}")
+                sim = simulate_llm(placement, gens, {"a": plain, "b": plain}, {}, {m: LLMSLO(1e9, 1e9) for m in "ab"},
+                                   budget_gb, prefill_chunk=engine["prefill_chunk"])
+                ends = np.array([g.arrival for g in gens]) + sim.ttft + sim.tpot * (output - 1)
+                runs.setdefault(name, []).append({
+                    "batch": b, "steps_a_device": sim.steps / len(placement),
+                    "tokens_a_device": sum(r["tokens"] for r in results) / len(placement),
+                    "sim_end_s": float(ends.max()), "end_s": max(r["times"][-1] for r in results),
+                    "replica_cpu_s": sum(after) - sum(before), "driver_cpu_s": t1 - t0})
+    ded = runs["dedicated"]
+    A = np.array([[r["steps_a_device"], r["tokens_a_device"]] for r in ded])
+    y = np.array([r["end_s"] - r["sim_end_s"] for r in ded])
+    step_s, token_s = np.linalg.lstsq(A, y, rcond=None)[0]
+    if token_s < 0:
+        step_s, token_s = max(0.0, y.sum() / A[:, 0].sum()), 0.0
+    elif step_s < 0:
+        step_s, token_s = 0.0, max(0.0, y.sum() / A[:, 1].sum())
+    rep = runs["replicated"]
+    left = sum(r["end_s"] - r["sim_end_s"] - step_s * r["steps_a_device"] - token_s * r["tokens_a_device"] for r in rep)
+    return {"step_s": float(step_s), "token_s": float(token_s),
+            "switch_cost": float(max(0.0, left / sum(r["sim_end_s"] for r in rep))),
+            "runs": runs, "prompt": prompt, "output": output, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--placements", default=",".join(PLACEMENTS))
-    ap.add_argument("--rates", default="0.4,2", help="generations/s over both models: a low and a high load")
+    ap.add_argument("--placements", default=",".join(PLACEMENTS),
+                    help=f"of {', '.join(PLACEMENTS)}, and planner: the planner's own choice for the trace where it is none of those")
+    ap.add_argument("--rates", default="0.4,0.8", help="generations/s over both models: a low and a high load")
     ap.add_argument("--duration", type=float, default=90.0, help="seconds of arrivals per run")
     ap.add_argument("--prompt-median", type=int, default=256)
     ap.add_argument("--output-median", type=int, default=64)
@@ -154,17 +221,37 @@ def main() -> int:
     ap.add_argument("--budget-gb", type=float, default=0.6, help="memory per device: weights, then KV")
     ap.add_argument("--drain", type=float, default=120.0, help="seconds after the last arrival before a run is cut")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skew", type=float, default=0.0, help="power-law exponent of the models' shares of the rate (AlpaServe's skew)")
+    ap.add_argument("--cv", type=float, default=1.0, help="coefficient of variation of the arrival gaps (1: Poisson)")
     ap.add_argument("--whole-prompts", action="store_true", help="replicas prefill whole prompts (no chunks)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="measure what a served replica's step and streamed token cost beyond the profile's pass "
+                         "(kept in the profile's meta['served'], which the simulator then adds)")
     ap.add_argument("--sharing", default="processor", choices=("processor", "turns"),
                     help="how the simulator shares a device between its replicas (simulate_llm)")
     ap.add_argument("--profile", default=PROFILE_1T)
     ap.add_argument("--out", default="bench/results/plan")
+    ap.add_argument("--report", metavar="JSON", help="only write the markdown of an earlier run's JSON beside it")
     args = ap.parse_args()
+    unknown = [n for n in args.placements.split(",") if n not in PLACEMENTS and n != "planner"]
+    if unknown:
+        ap.error(f"--placements: unknown {unknown[0]!r} (of {', '.join(PLACEMENTS)}, planner)")
+    if args.report:
+        with open(args.report) as f:
+            write_report(json.load(f), os.path.splitext(args.report)[0] + ".md")
+        return 0
     from specserve.cli.plan_llm import newest_spec_bench
     from specserve.loading import embedded_model_path
     from specserve_bench.machine import cpu
 
     prof = profile(args.profile, args.prompt_median)
+    engine = {"model": None, "num_threads": 1, "max_model_len": 4096,
+              # the chunk the profile was measured with: the simulator prices the same steps
+              "prefill_chunk": None if args.whole_prompts else prof.meta["prefill_chunk"]}
+    if args.calibrate:
+        prof.meta["served"] = calibrate(prof, engine, args.budget_gb, args.prompt_median)
+        prof.save(args.profile)
+        print(f"served overhead: {json.dumps(prof.meta['served'])}", flush=True)
     dmeta = prof.meta["draft"]
     spec = newest_spec_bench(model_file=os.path.basename(embedded_model_path()))
     draft = DraftSpec.from_spec_bench(spec, dmeta["weights_gb"], dmeta["kv_gb_per_token"])
@@ -173,25 +260,30 @@ def main() -> int:
     slo = {m: LLMSLO(args.ttft_scale * prof.pass_s(args.prompt_median), args.tpot_scale * prof.pass_s(1)) for m in models}
     rows, chosen = [], {}
     for rate in [float(r) for r in args.rates.split(",")]:
-        gens = llm_workload(models, rate, 1.0, args.duration, args.seed, prompt_median=args.prompt_median,
-                            output_median=args.output_median, max_len=2048)
+        gens = llm_workload(models, rate, args.cv, args.duration, args.seed, skew=args.skew,
+                            prompt_median=args.prompt_median, output_median=args.output_median, max_len=2048)
+        sim_kw = {"sharing": args.sharing, "prefill_chunk": engine["prefill_chunk"],
+                  "switch_cost": prof.meta.get("served", {}).get("switch_cost", 0.0)}
         # what the planner itself would place on these two devices for this trace (Deliver 3: a draft, or
         # one more plain replica), beside the three placements replayed
-        plan = plan_llm(models, 2, gens, profiles, drafts, slo, args.budget_gb, sharing=args.sharing)
+        plan = plan_llm(models, 2, gens, profiles, drafts, slo, args.budget_gb, **sim_kw)
         key = lambda devs: sorted((sorted(d.models), sorted(d.drafts)) for d in devs)  # noqa: E731
         named = [n for n, devs in PLACEMENTS.items() if key(devs) == key(plan.devices)]
-        chosen[rate] = {"devices": [{"models": d.models, "drafts": d.drafts} for d in plan.devices],
+        chosen[f"{rate:g}"] = {"devices": [{"models": d.models, "drafts": d.drafts} for d in plan.devices],
                         "placement": named[0] if named else None, "simulated": plan.result.slo_attainment}
-        print(f"at {rate:g}/s the planner places {chosen[rate]['devices']} ({chosen[rate]['placement'] or 'none of the three'}), "
+        c = chosen[f"{rate:g}"]
+        print(f"at {rate:g}/s the planner places {c['devices']} ({c['placement'] or 'none of the three'}), "
               f"simulated {plan.result.slo_attainment:.3f}", flush=True)
         for name in args.placements.split(","):
-            devices = PLACEMENTS[name]
-            res = simulate_llm(devices, gens, profiles, drafts, slo, args.budget_gb, sharing=args.sharing)
+            if name == "planner" and named:  # the planner's choice is one of the three: measured as such
+                continue
+            devices = plan.devices if name == "planner" else PLACEMENTS[name]
+            res = simulate_llm(devices, gens, profiles, drafts, slo, args.budget_gb, **sim_kw)
             sim = {**res.summary(), "ttft_s": [round(float(x), 4) for x in res.ttft],
                    "tpot_s": [round(float(x), 5) for x in res.tpot]}
             most = max(len(d.models) for d in devices)
             kv_gib = max(0.02, (args.budget_gb - prof.weights_gb * most - draft.weights_gb * most) / most / 1.0737)
-            real = measured(devices, gens, slo, kv_gib, args.drain, args.whole_prompts)
+            real = measured(devices, gens, slo, {**engine, "kv_cache_gib": kv_gib}, args.drain)
             row = {"placement": name, "rate": rate, "generations": len(gens), "simulated": sim, "measured": real,
                    "trace": [[round(g.arrival, 4), g.model, g.prompt_tokens, g.output_tokens] for g in gens]}
             rows.append(row)
@@ -202,15 +294,37 @@ def main() -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = os.path.join(args.out, f"placement-replay-{stamp}")
     os.makedirs(args.out, exist_ok=True)
-    report = {"machine": cpu(), "args": vars(args), "profile": args.profile, "spec_bench": spec, "planner": chosen,
+    report = {"machine": cpu(), "args": vars(args), "profile": args.profile, "served": prof.meta.get("served"),
+              "spec_bench": spec, "planner": chosen,
               "slo_ms": {"ttft": slo["a"].ttft_s * 1e3, "tpot": slo["a"].tpot_s * 1e3}, "rows": rows}
     with open(base + ".json", "w") as f:
         json.dump(report, f, indent=1, default=str)
+    write_report(report, base + ".md")
+    print(f"{base}.json, {base}.md")
+    return 0
+
+
+def paired(x: dict, y: dict, slo: dict) -> dict:
+    """Placement x against y on the same generations: the difference of their attainments, measured (with
+    its standard error over the generations, paired: each one met its SLOs in x, in y, or in both) and
+    simulated."""
+    def good(side, ttft, tpot):
+        t, p = np.array(side[ttft], dtype=float), np.array(side[tpot], dtype=float)
+        return (~np.isnan(t) & (t <= slo["ttft"] / 1e3 + 1e-9) & (p <= slo["tpot"] / 1e3 + 1e-9)).astype(float)
+    d = good(x["measured"], "ttft_s", "tpot_s") - good(y["measured"], "ttft_s", "tpot_s")
+    return {"measured": float(d.mean()), "se": float(d.std(ddof=1) / np.sqrt(len(d))),
+            "simulated": x["simulated"]["slo_attainment"] - y["simulated"]["slo_attainment"]}
+
+
+def write_report(report: dict, path: str) -> None:
+    a, slo = report["args"], report["slo_ms"]
     lines = ["# A plan replayed on real replicas (Ray actors, one core a device)\n",
-             f"{report['machine']}; SLO TTFT {slo['a'].ttft_s * 1e3:.0f} ms, TPOT {slo['a'].tpot_s * 1e3:.1f} ms; "
-             f"`python bench/placement_replay.py --rates {args.rates} --duration {args.duration:g}`\n",
+             f"{report['machine']}; SLO TTFT {slo['ttft']:.0f} ms, TPOT {slo['tpot']:.1f} ms; "
+             f"`python bench/placement_replay.py --rates {a['rates']} --duration {a['duration']:g} "
+             f"--skew {a.get('skew', 0):g} --cv {a.get('cv', 1):g}`\n",
              "| placement | rate /s | generations | simulated attainment | measured | measured - simulated (pp) "
              "| TTFT p50 sim / real ms | TPOT p50 sim / real ms | errors |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = report["rows"]
     for r in rows:
         s, m = r["simulated"], r["measured"]
         lines.append(f"| {r['placement']} | {r['rate']:g} | {r['generations']} | {s['slo_attainment']:.3f} | {m['attainment']:.3f} "
@@ -220,13 +334,20 @@ def main() -> int:
         at = [r for r in rows if r["rate"] == rate]
         sim = [r["placement"] for r in sorted(at, key=lambda r: -r["simulated"]["slo_attainment"])]
         real = [r["placement"] for r in sorted(at, key=lambda r: -r["measured"]["attainment"])]
-        c = chosen[rate]
+        c = report["planner"].get(f"{rate:g}") or report["planner"].get(str(rate)) or {}
         lines.append(f"\nAt {rate:g}/s: simulated ranking {sim}, measured {real}. The planner's own placement: "
-                     f"{c['devices']} ({c['placement'] or 'none of the three'}, simulated {c['simulated']:.3f}).")
-    with open(base + ".md", "w") as f:
+                     f"{c.get('devices')} ({c.get('placement') or 'none of the three'}, "
+                     f"simulated {c.get('simulated', float('nan')):.3f}).\n")
+        lines += ["| pair | measured difference (pp) | its s.e. (paired) | simulated difference (pp) | order |", "|---|---|---|---|---|"]
+        for i, x in enumerate(at):
+            for y in at[i + 1:]:
+                d = paired(x, y, slo)
+                order = ("within noise (< 2 s.e.)" if abs(d["measured"]) < 2 * d["se"] else
+                         "the same" if d["measured"] * d["simulated"] > 0 else "reversed")
+                lines.append(f"| {x['placement']} - {y['placement']} | {100 * d['measured']:+.1f} | {100 * d['se']:.1f} "
+                             f"| {100 * d['simulated']:+.1f} | {order} |")
+    with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
-    print(f"{base}.json, {base}.md")
-    return 0
 
 
 if __name__ == "__main__":

@@ -86,8 +86,10 @@ def cmd_plan_llm(args) -> int:
     print(f"target: {base.weights_gb * 1e3:.0f} MB weights, {base.kv_gb_per_token * 1e6:.1f} KB KV per token, "
           f"one step at batch 1 {base.pass_s(1) * 1e3:.1f} ms; draft: {draft.weights_gb * 1e3:.1f} MB, "
           f"alpha {draft.alpha:.3f}, c {draft.c:.3f} ({args.spec_bench})")
+    # prompts in the engine's chunks when the profile measured them (a prefill curve and its chunk)
+    chunk = base.meta.get("prefill_chunk") if base.chunked else None
     report, lines = {"profile": args.llm_profile, "spec_bench": args.spec_bench, "draft": draft.__dict__,
-                     "scenarios": {}}, []
+                     "prefill_chunk": chunk, "scenarios": {}}, []
     for name in names:
         sc = SCENARIOS[name]
         models = [f"m{i}" for i in range(sc.models)]
@@ -101,7 +103,8 @@ def cmd_plan_llm(args) -> int:
                                 output_median=sc.output_median)
         runs = {}
         for label, allow in (("no drafts", False), ("speculation-aware", True)):
-            plan = plan_llm(models, sc.devices, gens, profiles, drafts, slo, sc.budget_gb, allow_drafts=allow)
+            plan = plan_llm(models, sc.devices, gens, profiles, drafts, slo, sc.budget_gb, allow_drafts=allow,
+                            prefill_chunk=chunk)
             runs[label] = plan
         s0, s1 = runs["no drafts"], runs["speculation-aware"]
         gain = s1.result.slo_attainment - s0.result.slo_attainment

@@ -9,13 +9,12 @@ replica may carry its draft, and every decode step chooses how far to speculate,
 from the batch size it has at that moment: the choice BASS makes, priced with the measured pass
 times, acceptance rate alpha and draft cost ratio c.
 
-Costs (measured: `specserve profile --llm`; alpha and c from `specserve bench spec`):
-  pass(n)     seconds of one forward pass over n tokens (prefill rows + decode rows), interpolated
-              from the measured points, linear beyond the last one
-  plain step  pass(b + prefill tokens): each of the b decoding sequences gains one token
-  spec step   k * c * pass(b) draft steps + pass(b * (k + 1) + prefill tokens) to verify; each
-              sequence gains E(k) = (1 - alpha^(k+1)) / (1 - alpha) tokens in expectation
-  the step uses the k in 0..max_len (0: plain) with the least time per token at batch b.
+Costs (measured: `specserve profile --llm`; alpha and c from `specserve bench spec`; the formulas in
+planner/llm_costs.py): a step of b decoding sequences with k drafts each, plus prompt tokens, costs
+about pass(b * (k + 1) + prompt tokens); each sequence gains E(k) = (1 - alpha^(k+1)) / (1 - alpha)
+tokens in expectation, and the step uses the k in 0..max_len (0: plain) with the least time per token
+at batch b. Prompts go in whole, or in SARATHI's chunks beside the decodes as the engine runs them
+(`prefill_chunk`).
 Memory per device: weights of its targets and drafts; the rest is KV cache, which a generation
 reserves for its prompt + output on admission (target KV, plus the draft's when it speculates).
 Outputs advance by expected tokens (fractions), so a run is deterministic for a seeded workload.
@@ -24,105 +23,15 @@ from __future__ import annotations
 
 import csv
 import heapq
-import json
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
 
+from .llm_costs import DraftSpec, PassProfile, step_choice
 from .workload import _parse_time, gamma_arrivals, power_law_weights
-
-
-@dataclass(frozen=True)
-class PassProfile:
-    """Seconds of one forward pass vs the tokens in it, and the memory the model needs."""
-
-    model: str
-    tokens: list[int]  # increasing
-    seconds: list[float]
-    weights_gb: float
-    kv_gb_per_token: float
-    meta: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        if len(self.tokens) < 2 or len(self.tokens) != len(self.seconds) or any(
-                b <= a for a, b in zip(self.tokens, self.tokens[1:])):
-            raise ValueError("a pass profile needs >= 2 points with increasing token counts")
-        # timing noise can make a bigger pass read faster: a pass is never cheaper than a smaller one
-        object.__setattr__(self, "_monotone", np.maximum.accumulate(np.asarray(self.seconds, dtype=float)))
-
-    def pass_s(self, n: float) -> float:
-        """Seconds for a pass over n tokens: interpolated between measured points, the first point's
-        time below them, linear beyond the last."""
-        t, s = self.tokens, self._monotone
-        if n <= t[0]:
-            return float(s[0])
-        if n >= t[-1]:
-            return float(s[-1] + (n - t[-1]) * (s[-1] - s[-2]) / (t[-1] - t[-2]))
-        return float(np.interp(n, t, s))
-
-    def save(self, path: str) -> None:
-        with open(path, "w") as f:
-            json.dump(asdict(self), f, indent=1)
-
-    @classmethod
-    def load(cls, path: str) -> "PassProfile":
-        try:
-            with open(path) as f:
-                return cls(**json.load(f))
-        except OSError as e:
-            raise ValueError(f"{path}: cannot read pass profile ({e.strerror}); make one with "
-                             "`specserve profile --llm`") from None
-        except (json.JSONDecodeError, TypeError) as e:
-            raise ValueError(f"{path}: not a specserve pass profile ({e})") from None
-
-
-@dataclass(frozen=True)
-class DraftSpec:
-    """A draft that can sit beside its target: its memory and what `bench spec` measured."""
-
-    alpha: float  # probability a drafted token is accepted, per position
-    c: float  # one draft step / one target step at the same batch size
-    weights_gb: float
-    kv_gb_per_token: float
-    max_len: int = 8
-
-    def __post_init__(self):
-        if not (0 <= self.alpha < 1 and 0 < self.c and self.max_len >= 1):
-            raise ValueError(f"draft needs 0 <= alpha < 1, c > 0 and max_len >= 1 (got {self})")
-
-    def expected_tokens(self, k: int) -> float:
-        """Tokens a sequence gains from one verify of k drafts (accepted run + the target's own)."""
-        return (1 - self.alpha ** (k + 1)) / (1 - self.alpha)
-
-    @classmethod
-    def from_spec_bench(cls, path: str, weights_gb: float, kv_gb_per_token: float, setting: str = "greedy",
-                        max_len: int = 8) -> "DraftSpec":
-        """alpha and c averaged over the batch sizes of a `specserve bench spec` result."""
-        try:
-            with open(path) as f:
-                rows = json.load(f)["tables"][setting]
-        except (OSError, KeyError, json.JSONDecodeError) as e:
-            raise ValueError(f"{path}: no '{setting}' table of a `specserve bench spec` result ({e})") from None
-        return cls(float(np.mean([r["alpha"] for r in rows])), float(np.mean([r["c"] for r in rows])),
-                   weights_gb, kv_gb_per_token, max_len)
-
-
-def step_choice(profile: PassProfile, draft: Optional[DraftSpec], batch: int) -> tuple[int, float, float]:
-    """(draft length k, seconds, tokens each sequence gains) for a decode step of `batch` sequences
-    (no prefill rows); k = 0 is plain decoding, chosen whenever speculating costs more per token."""
-    plain = profile.pass_s(batch)
-    best = (0, plain, 1.0)
-    if draft is None or batch == 0:
-        return best
-    for k in range(1, draft.max_len + 1):
-        t = k * draft.c * plain + profile.pass_s(batch * (k + 1))
-        e = draft.expected_tokens(k)
-        if t / e < best[1] / best[2]:
-            best = (k, t, e)
-    return best
 
 
 @dataclass
@@ -215,12 +124,12 @@ class _Replica:
         self.model, self.profile, self.draft = model, profile, draft
         self.kv_per_token = profile.kv_gb_per_token + (draft.kv_gb_per_token if draft else 0.0)
         self.waiting: deque[int] = deque()
+        self.prefill: list[list] = []  # admitted (KV held): [request, prompt tokens computed]
         self.running: list[list] = []  # [request, tokens still to produce]
-        self.prefilling = 0  # admitted, in the step running now
         self.choice: dict[int, tuple] = {}  # decode batch -> step_choice
 
     def outstanding(self) -> int:
-        return len(self.waiting) + self.prefilling + len(self.running)
+        return len(self.waiting) + len(self.prefill) + len(self.running)
 
     def step(self, b: int) -> tuple[int, float, float]:
         if b not in self.choice:
@@ -230,16 +139,23 @@ class _Replica:
 
 def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profiles: dict[str, PassProfile],
                  drafts: dict[str, DraftSpec], slo: dict[str, LLMSLO], budget_gb: float,
-                 max_num_seqs: int = 64, max_prefill_tokens: int = 4096, sharing: str = "processor") -> LLMResult:
+                 max_num_seqs: int = 64, max_prefill_tokens: int = 4096, sharing: str = "processor",
+                 prefill_chunk: Optional[int] = None, block_size: int = 16, switch_cost: float = 0.0) -> LLMResult:
     """Continuous batching on every device: a replica's step admits waiting generations (FIFO, while KV
     and max_num_seqs allow, up to max_prefill_tokens of prompt) as prefill rows beside the decode rows
     of those already running. Replicas on one device share it (`sharing`):
       "processor"  each replica steps on its own, all at once, each at 1/n of the device's speed while
                    n of them have a step in flight: what the OS does with replica processes on shared
-                   cores (a served placement: one Ray actor per replica)
+                   cores (a served placement: one Ray actor per replica); while n >= 2 share it, each
+                   runs at 1 / (n * (1 + switch_cost)): switch_cost is the work the processes' switching
+                   adds (caches refilled; measured by `bench/placement_replay.py --calibrate`)
       "turns"      one replica's step at a time, taking the replicas in turn (one process stepping them)
     A generation goes to the replica of its model whose device holds the fewest generations (over all
-    its replicas: they share its time), then the one with the fewest itself, then the lower index."""
+    its replicas: they share its time), then the one with the fewest itself, then the lower index.
+    prefill_chunk: None admits whole prompts in one step; a number runs the engine's scheduler
+    (scheduler/scheduler.py): after the decode tokens, prompt tokens up to max(prefill_chunk - decode
+    tokens, block_size), the prompts already started first, then waiting ones, a prompt split over
+    steps; its first token comes with the step that ends it."""
     if sharing not in ("processor", "turns"):
         raise ValueError(f"sharing is 'processor' or 'turns', not {sharing!r}")
     n = len(gens)
@@ -271,37 +187,68 @@ def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profi
     stats = {"steps": 0, "spec": 0, "hist": {}, "spec_hist": {}}
 
     def launch(ri: int, d: int) -> Optional[list]:
-        """Replica ri's next step ([seconds, generations it prefills, tokens each decode gains]), or
-        None when it has nothing to run."""
+        """Replica ri's next step ([seconds, [(generation, prompt tokens it computes)], tokens each
+        decode gains]), or None when it has nothing to run."""
         r = reps[ri]
-        admitted, prefill = [], 0
-        while r.waiting and len(r.running) + len(admitted) < max_num_seqs:
+        b = len(r.running)
+        k, _, gain = r.step(b) if b else (0, 0.0, 1.0)
+        if prefill_chunk is None:
+            budget = max_prefill_tokens
+        else:
+            used = b * (k + 1)
+            budget = max(0, min(max_prefill_tokens - used, max(prefill_chunk - used, block_size)))
+        chunks, prefill = [], 0
+        for item in r.prefill:  # prompts already started (chunk mode only) go on first
+            take = min(gens[item[0]].prompt_tokens - item[1], budget - prefill)
+            if take <= 0:
+                break
+            chunks.append((item[0], take))
+            prefill += take
+        while (r.waiting and len(r.running) + len(r.prefill) < max_num_seqs and budget > 0
+               and (prefill < budget or not chunks)):
             g = gens[r.waiting[0]]
             need = (g.prompt_tokens + g.output_tokens) * r.kv_per_token
-            if need > kv_free[d] + 1e-12 or (admitted and prefill + g.prompt_tokens > max_prefill_tokens):
+            if need > kv_free[d] + 1e-12:
                 break
+            if prefill_chunk is None:
+                if chunks and prefill + g.prompt_tokens > max_prefill_tokens:
+                    break
+                take = g.prompt_tokens
+            else:
+                take = min(g.prompt_tokens, budget - prefill)
             kv_free[d] -= need
-            prefill += g.prompt_tokens
-            admitted.append(r.waiting.popleft())
-        b = len(r.running)
-        if not admitted and b == 0:
+            r.prefill.append([r.waiting.popleft(), 0])
+            chunks.append((r.prefill[-1][0], take))
+            prefill += take
+        if not chunks and b == 0:
             return None
-        k, _, gain = r.step(b)
-        seconds = r.profile.pass_s(b * (k + 1) + prefill)
-        if r.draft is not None:  # the draft drafts for the decodes and prefills the new prompts
-            seconds += r.draft.c * (k * r.profile.pass_s(b) + (r.profile.pass_s(prefill) if prefill else 0.0))
+        prof = r.profile
+        if prefill_chunk is None or not prof.chunked:
+            seconds = prof.pass_s(b * (k + 1) + prefill)
+            draft_prefill = prof.pass_s(prefill) if prefill else 0.0
+        else:
+            draft_prefill = sum(prof.chunk_s(n, gens[i].prompt_tokens) for i, n in chunks)
+            seconds = (prof.pass_s(b * (k + 1)) if b else 0.0) + draft_prefill - (prof.fixed_s if b and chunks else 0.0)
+        if r.draft is not None:  # the draft drafts for the decodes and prefills the new prompt tokens
+            seconds += r.draft.c * (k * prof.pass_s(b) + draft_prefill)
+        ends = sum(1 for item, (_, n) in zip(r.prefill, chunks) if item[1] + n >= gens[item[0]].prompt_tokens)
+        seconds += prof.served_s(b + ends)
         stats["steps"] += 1
         if b:
             stats["hist"][b] = stats["hist"].get(b, 0) + 1
             if k:
                 stats["spec"] += 1
                 stats["spec_hist"][b] = stats["spec_hist"].get(b, 0) + 1
-        r.prefilling = len(admitted)
-        return [seconds, admitted, gain]
+        return [seconds, chunks, gain]
+
+    def slowdown(d: int) -> float:
+        """Seconds of the device's time a second of a step's work takes while its steps share it."""
+        n = len(active[d])
+        return n * (1 + switch_cost) if n >= 2 else float(n)
 
     def advance(d: int, t: float) -> None:
         if active[d]:
-            done = (t - last[d]) / len(active[d])
+            done = (t - last[d]) / slowdown(d)
             for step in active[d].values():
                 step[0] -= done
         last[d] = t
@@ -324,7 +271,7 @@ def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profi
             turn[d] = (turn[d] + 1) % len(rs)  # who admits first (the device's KV) rotates
         if active[d] and (started or stepped):
             version[d] += 1
-            end = now + min(step[0] for step in active[d].values()) * len(active[d])
+            end = now + min(step[0] for step in active[d].values()) * slowdown(d)
             heapq.heappush(events, (end, version[d], d))
 
     def on_event(t: float, ver: int, d: int) -> None:
@@ -332,13 +279,12 @@ def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profi
             return
         advance(d, t)
         for ri in [ri for ri, step in active[d].items() if step[0] <= 1e-9]:
-            _, admitted, gain = active[d].pop(ri)
-            finish_step(t, d, ri, admitted, gain)
+            _, chunks, gain = active[d].pop(ri)
+            finish_step(t, d, ri, chunks, gain)
         fill(d, t, stepped=True)
 
-    def finish_step(t: float, d: int, ri: int, admitted: list[int], gain: float) -> None:
+    def finish_step(t: float, d: int, ri: int, chunks: list[tuple[int, int]], gain: float) -> None:
         r = reps[ri]
-        r.prefilling = 0
         still = []
         for item in r.running:
             item[1] -= gain
@@ -346,14 +292,21 @@ def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profi
                 _done(item[0], t, d, r)
             else:
                 still.append(item)
-        for i in admitted:
+        computed = dict(chunks)
+        prefill = []
+        for item in r.prefill:
+            item[1] += computed.get(item[0], 0)
+            if item[1] < gens[item[0]].prompt_tokens:
+                prefill.append(item)
+                continue
+            i = item[0]
             ttft[i] = t
             left = gens[i].output_tokens - 1
             if left <= 0:
                 _done(i, t, d, r)
             else:
                 still.append([i, float(left)])
-        r.running = still
+        r.running, r.prefill = still, prefill
 
     def _done(i: int, t: float, d: int, r: _Replica) -> None:
         finish[i] = t

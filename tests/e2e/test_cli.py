@@ -207,6 +207,15 @@ def test_plan_llm_compares_drafts_with_replicas(tmp_path):
     j = json.loads(next(tmp_path.glob("llm-*.json")).read_text())["scenarios"]["conversation"]
     assert j["speculation-aware"]["slo_attainment"] > j["no drafts"]["slo_attainment"]
     assert any(d["drafts"] for d in j["speculation-aware"]["devices"])
+    assert json.loads(next(tmp_path.glob("llm-*.json")).read_text())["prefill_chunk"] is None  # no prefill curve
+    chunked = tmp_path / "chunked"
+    PassProfile("embedded", [1, 16, 1024], [0.010, 0.010, 0.640], 0.1, 4.6e-5,
+                {"draft": {"weights_gb": 0.008, "kv_gb_per_token": 1.5e-6}, "prefill_chunk": 32},
+                [32, 1024], [0.020, 0.640]).save(str(prof))
+    r = run("plan", "--llm", "--llm-profile", str(prof), "--spec-bench", str(bench), "--scenarios", "code",
+            "--out", str(chunked))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(next(chunked.glob("llm-*.json")).read_text())["prefill_chunk"] == 32
     r = run("plan", "--llm", "--llm-profile", str(tmp_path / "none.json"))
     assert r.returncode == 2 and "specserve profile --llm" in r.stderr
 

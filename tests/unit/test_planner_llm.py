@@ -102,6 +102,65 @@ def test_routing_counts_every_replica_on_a_device():
     assert res.ttft[0] == pytest.approx(0.110) and res.ttft[1] == pytest.approx(0.110)  # not 0.100 + 0.110
 
 
+# LINEAR's decode steps, and a prefill curve of its own: 2 ms a prompt token, whole prompts or in chunks
+CHUNKED = PassProfile("t", [1, 1001], [0.011, 1.011], 0.1, 1e-4, prefill_tokens=[16, 64], prefill_seconds=[0.032, 0.128])
+
+
+def test_prefill_curve_chunks_and_served_costs():
+    assert CHUNKED.prefill_s(8) == pytest.approx(0.016)  # proportional below the first point
+    assert CHUNKED.prefill_s(128) == pytest.approx(0.256)  # linear beyond the last
+    assert CHUNKED.chunk_s(16, 32) == pytest.approx(0.064 / 2)  # half of a 32-token prompt's prefill
+    assert CHUNKED.fixed_s == pytest.approx(2 * 0.011 - 0.012)
+    assert LINEAR.chunk_s(16, 32) == pytest.approx(LINEAR.pass_s(16)) and not LINEAR.chunked  # no curve: pass(n)
+    served = PassProfile("t", [1, 2], [0.01, 0.02], 0.1, 1e-4, {"served": {"step_s": 0.001, "token_s": 0.0005}})
+    assert served.served_s(4) == pytest.approx(0.003) and LINEAR.served_s(4) == 0.0
+    with pytest.raises(ValueError, match="prefill curve"):
+        PassProfile("t", [1, 2], [0.01, 0.02], 0.1, 1e-4, prefill_tokens=[64, 16], prefill_seconds=[0.1, 0.2])
+
+
+def test_one_prompt_in_chunks_by_hand():
+    """Prompt 64 in chunks of 16: four steps of 0.128 x 16 / 64 = 0.032 s, the first token with the
+    last (0.128), then two decode steps of 0.011. Whole, the same prompt takes one step."""
+    gen = [Generation(0.0, "a", 64, 3)]
+    res = simulate_llm([LLMDevice(["a"])], gen, {"a": CHUNKED}, {}, SLO, 1.0, prefill_chunk=16)
+    assert res.ttft[0] == pytest.approx(0.128) and res.tpot[0] == pytest.approx(0.011) and res.steps == 6
+    whole = simulate_llm([LLMDevice(["a"])], gen, {"a": CHUNKED}, {}, SLO, 1.0)
+    assert whole.ttft[0] == pytest.approx(CHUNKED.pass_s(64)) and whole.steps == 3
+
+
+def test_decodes_go_first_and_a_prompt_rides_beside_them_by_hand():
+    """A (prompt 16, 10 tokens) at 0: prefill 0.032, decodes of 0.011. B (prompt 32, 2 tokens) arrives at
+    0.05, in A's third step (0.043-0.054); from 0.054 two steps carry A's decode and 16 of B's tokens:
+    pass(1) + 0.064 x 16 / 32 - fixed (0.010) = 0.033 each, so B's first token at 0.120 (TTFT 0.070);
+    then one step of both (pass(2) = 0.012) ends B, and A decodes alone: its 9 tokens by 0.176."""
+    gens = [Generation(0.0, "a", 16, 10), Generation(0.05, "a", 32, 2)]
+    res = simulate_llm([LLMDevice(["a"])], gens, {"a": CHUNKED}, {}, SLO, 1.0, prefill_chunk=16)
+    assert res.ttft[0] == pytest.approx(0.032) and res.ttft[1] == pytest.approx(0.070)
+    assert res.tpot[1] == pytest.approx(0.012) and res.tpot[0] == pytest.approx((0.176 - 0.032) / 9)
+    # chunk 32: A's decode leaves B 31 prompt tokens a step, so its 64 take 31 + 31 + 2 (steps of 0.001 +
+    # 0.002 a token): its first token at 0.054 + 2 x 0.063 + 0.005
+    gens[1] = Generation(0.05, "a", 64, 2)
+    res = simulate_llm([LLMDevice(["a"])], gens, {"a": CHUNKED}, {}, SLO, 1.0, prefill_chunk=32)
+    assert res.ttft[1] == pytest.approx(0.185 - 0.05)
+
+
+def test_served_costs_and_switching_by_hand():
+    """Served: each step costs 1 ms more, and 0.5 ms more for each sequence streaming a token in it: the
+    four chunks of a 64-token prompt take 0.128 + 4 x 0.001 + 0.0005 (the last streams the first token),
+    a decode step 0.011 + 0.0015. Two replicas sharing a device, each stepping: 1 / (2 x 1.5) of its speed
+    each with switch_cost 0.5, so two prefills of pass(64) = 0.074 end at 3 x 0.074."""
+    served = PassProfile("t", CHUNKED.tokens, CHUNKED.seconds, 0.1, 1e-4, {"served": {"step_s": 0.001, "token_s": 0.0005}},
+                         CHUNKED.prefill_tokens, CHUNKED.prefill_seconds)
+    res = simulate_llm([LLMDevice(["a"])], [Generation(0.0, "a", 64, 3)], {"a": served}, {}, SLO, 1.0, prefill_chunk=16)
+    assert res.ttft[0] == pytest.approx(0.1325) and res.tpot[0] == pytest.approx(0.0125)
+    gens = [Generation(0.0, "a", 64, 1), Generation(0.0, "b", 64, 1)]
+    dev, prof = [LLMDevice(["a", "b"])], {"a": LINEAR, "b": LINEAR}
+    assert list(simulate_llm(dev, gens, prof, {}, SLO, 1.0, switch_cost=0.5).ttft) == pytest.approx([0.222, 0.222])
+    assert list(simulate_llm(dev, gens, prof, {}, SLO, 1.0).ttft) == pytest.approx([0.148, 0.148])
+    alone = simulate_llm([LLMDevice(["a"])], gens[:1], prof, {}, SLO, 1.0, switch_cost=0.5)
+    assert alone.ttft[0] == pytest.approx(0.074)  # one replica stepping alone does not switch
+
+
 @pytest.mark.parametrize("tpot_scale, draft_wins", [(0.9, True), (4.0, False)])
 def test_search_places_a_draft_only_where_it_raises_attainment(tpot_scale, draft_wins):
     """Memory for one target and its draft, or two targets, per device. A TPOT below one plain step
