@@ -159,40 +159,62 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def calibrate(prof: PassProfile, engine: dict, budget_gb: float, prompt: int, batches=(1, 2, 4), output: int = 96) -> dict:
+def together(b: int, replicas_a_model: int, prompt: int, output: int) -> list[Generation]:
+    """b generations for every replica of a and of b, all at once (their own prompts: no prefix cache)."""
+    return [Generation(1e-3 * j, m, prompt, output) for j, m in enumerate(["a", "b"] * (b * replicas_a_model))]
+
+
+def batch_runs(name: str, engine: dict, budget_gb: float, weights_gb: float, prompt: int, batches, output: int,
+               price) -> list[dict]:
+    """Placement `name` served; for each b, `together(b)` measured against price(gens) (a simulation of
+    the same generations): each device's time to its last token, the mean TTFT, CPU seconds."""
+    placement = PLACEMENTS[name]
+    most = max(len(d.models) for d in placement)
+    kv_gib = max(0.02, (budget_gb - weights_gb * most) / most / 1.0737)
+    out = []
+    # no prefix cache: each batch size's generations would find the smaller batches' prompts in it
+    with serving(placement, {**engine, "kv_cache_gib": kv_gib, "enable_prefix_caching": False}) as (port, pids):
+        for b in batches:
+            gens = together(b, most, prompt, output)
+            before, t0 = [cpu_s(p) for p in pids], sum(os.times()[:2])
+            results = asyncio.run(replay(port, gens, 300))
+            after, t1 = [cpu_s(p) for p in pids], sum(os.times()[:2])
+            bad = [r["error"] for r in results if "error" in r]
+            if bad:
+                raise RuntimeError(f"calibration of {name} at batch {b}: {bad[0]}")
+            sim = price(placement, gens)
+            ends = np.array([g.arrival for g in gens]) + sim.ttft + sim.tpot * (output - 1)
+            out.append({"batch": b, "steps_a_device": sim.steps / len(placement),
+                        "tokens_a_device": sum(r["tokens"] for r in results) / len(placement),
+                        "sim_end_s": float(ends.max()), "end_s": max(r["times"][-1] for r in results),
+                        "sim_ttft_s": float(np.mean(sim.ttft)), "ttft_s": float(np.mean([r["ttft"] for r in results])),
+                        "replica_cpu_s": sum(after) - sum(before), "driver_cpu_s": t1 - t0})
+    return out
+
+
+def calibrate(prof: PassProfile, draft: DraftSpec, engine: dict, budget_gb: float, prompt: int, batches=(1, 2, 4),
+              output: int = 96) -> dict:
     """What serving costs beyond the profile's passes, in wall time: b generations started together on
-    every replica, for each b in `batches`, on the dedicated placement (a replica a device) and the
-    replicated one (two a device), every device busy from the start to its last token. From the
-    dedicated runs, the time a device took beyond what the simulator prices the same generations at
-    is fitted as step_s a step + token_s a streamed token (least squares, both >= 0): the replica's
-    own overheads (Ray's threads, streaming) and what the driver (the endpoint and the clients, on the
-    same cores) takes from it. From the replicated runs, what two replicas sharing a device cost
-    beyond that, as a share of the simulated time: switch_cost (simulate_llm). CPU seconds of the
-    replicas and the driver are kept beside, for the reader."""
+    every replica, for each b in `batches`, every device busy from the start to its last token.
+      dedicated (a replica a device): the time a device took beyond what the simulator prices the same
+        generations at, fitted as step_s a step + token_s a streamed token (least squares, both >= 0):
+        the replica's own overheads (Ray's threads, streaming) and what the driver (the endpoint and
+        the clients, on the same cores) takes from it;
+      replicated (two a device): what two replicas sharing a device cost beyond that, as a share of
+        the simulated time: switch_cost (simulate_llm);
+      draft (EAGLE beside each): the draft's alpha and c as served (a grid, the least squared relative
+        error of the devices' end times and the mean TTFT over the batches), for `bench spec` measured
+        them on other prompts with every core.
+    CPU seconds of the replicas and the driver are kept beside, for the reader."""
     plain = dataclasses.replace(prof, meta={k: v for k, v in prof.meta.items() if k != "served"})
-    runs = {}
-    for name in ("dedicated", "replicated"):
-        placement = PLACEMENTS[name]
-        most = max(len(d.models) for d in placement)
-        kv_gib = max(0.02, (budget_gb - prof.weights_gb * most) / most / 1.0737)
-        with serving(placement, {**engine, "kv_cache_gib": kv_gib}) as (port, pids):
-            for b in batches:
-                gens = [Generation(1e-3 * j, m, prompt, output)  # their own prompts: nothing from the prefix cache
-                        for j, m in enumerate(["a", "b"] * (b * most))]
-                before, t0 = [cpu_s(p) for p in pids], sum(os.times()[:2])
-                results = asyncio.run(replay(port, gens, 300))
-                after, t1 = [cpu_s(p) for p in pids], sum(os.times()[:2])
-                bad = [r["error"] for r in results if "error" in r]
-                if bad:
-                    raise RuntimeError(f"calibration of {name} at batch {b}: {bad[0]}")
-                sim = simulate_llm(placement, gens, {"a": plain, "b": plain}, {}, {m: LLMSLO(1e9, 1e9) for m in "ab"},
-                                   budget_gb, prefill_chunk=engine["prefill_chunk"])
-                ends = np.array([g.arrival for g in gens]) + sim.ttft + sim.tpot * (output - 1)
-                runs.setdefault(name, []).append({
-                    "batch": b, "steps_a_device": sim.steps / len(placement),
-                    "tokens_a_device": sum(r["tokens"] for r in results) / len(placement),
-                    "sim_end_s": float(ends.max()), "end_s": max(r["times"][-1] for r in results),
-                    "replica_cpu_s": sum(after) - sum(before), "driver_cpu_s": t1 - t0})
+    slo = {m: LLMSLO(1e9, 1e9) for m in "ab"}
+    chunk = engine["prefill_chunk"]
+
+    def price(profile, spec=None, **kw):
+        return lambda devices, gens: simulate_llm(devices, gens, {"a": profile, "b": profile}, {"a": spec, "b": spec}, slo,
+                                                  budget_gb, prefill_chunk=chunk, **kw)
+    runs = {n: batch_runs(n, engine, budget_gb, prof.weights_gb, prompt, batches, output, price(plain))
+            for n in ("dedicated", "replicated")}
     ded = runs["dedicated"]
     A = np.array([[r["steps_a_device"], r["tokens_a_device"]] for r in ded])
     y = np.array([r["end_s"] - r["sim_end_s"] for r in ded])
@@ -203,8 +225,26 @@ def calibrate(prof: PassProfile, engine: dict, budget_gb: float, prompt: int, ba
         step_s, token_s = 0.0, max(0.0, y.sum() / A[:, 1].sum())
     rep = runs["replicated"]
     left = sum(r["end_s"] - r["sim_end_s"] - step_s * r["steps_a_device"] - token_s * r["tokens_a_device"] for r in rep)
-    return {"step_s": float(step_s), "token_s": float(token_s),
-            "switch_cost": float(max(0.0, left / sum(r["sim_end_s"] for r in rep))),
+    served = {"step_s": float(step_s), "token_s": float(token_s),
+              "switch_cost": float(max(0.0, left / sum(r["sim_end_s"] for r in rep)))}
+
+    fitted = dataclasses.replace(prof, meta={**plain.meta, "served": served})
+    runs["draft"] = batch_runs("draft", engine, budget_gb, prof.weights_gb + draft.weights_gb, prompt, batches, output,
+                               price(fitted, draft))
+    best = None
+    for alpha in np.arange(0.0, 0.951, 0.05):
+        for c in (0.02, 0.04, 0.06, 0.08, 0.1, 0.134, 0.17, 0.2, 0.25, 0.3):
+            spec = dataclasses.replace(draft, alpha=float(alpha), c=c)
+            err = 0.0
+            for r in runs["draft"]:
+                gens = together(r["batch"], 1, prompt, output)
+                sim = price(fitted, spec)(PLACEMENTS["draft"], gens)
+                end = float(np.max(np.array([g.arrival for g in gens]) + sim.ttft + sim.tpot * (output - 1)))
+                err += ((end - r["end_s"]) / r["end_s"]) ** 2 + ((float(np.mean(sim.ttft)) - r["ttft_s"]) / r["ttft_s"]) ** 2
+            if best is None or err < best[0]:
+                best = (err, float(alpha), c)
+    return {**served, "draft": {"alpha": best[1], "c": best[2], "rel_error": float(np.sqrt(best[0] / (2 * len(batches)))),
+                                "bench_spec": {"alpha": draft.alpha, "c": draft.c}},
             "runs": runs, "prompt": prompt, "output": output, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
@@ -248,13 +288,16 @@ def main() -> int:
     engine = {"model": None, "num_threads": 1, "max_model_len": 4096,
               # the chunk the profile was measured with: the simulator prices the same steps
               "prefill_chunk": None if args.whole_prompts else prof.meta["prefill_chunk"]}
-    if args.calibrate:
-        prof.meta["served"] = calibrate(prof, engine, args.budget_gb, args.prompt_median)
-        prof.save(args.profile)
-        print(f"served overhead: {json.dumps(prof.meta['served'])}", flush=True)
     dmeta = prof.meta["draft"]
     spec = newest_spec_bench(model_file=os.path.basename(embedded_model_path()))
     draft = DraftSpec.from_spec_bench(spec, dmeta["weights_gb"], dmeta["kv_gb_per_token"])
+    if args.calibrate:
+        prof.meta["served"] = calibrate(prof, draft, engine, args.budget_gb, args.prompt_median)
+        prof.save(args.profile)
+        print(f"served overhead: {json.dumps(prof.meta['served'])}", flush=True)
+    served_draft = prof.meta.get("served", {}).get("draft")
+    if served_draft:  # the draft as served (calibrate), not as `bench spec` measured it
+        draft = dataclasses.replace(draft, alpha=served_draft["alpha"], c=served_draft["c"])
     models = ["a", "b"]
     profiles, drafts = {m: prof for m in models}, {m: draft for m in models}
     slo = {m: LLMSLO(args.ttft_scale * prof.pass_s(args.prompt_median), args.tpot_scale * prof.pass_s(1)) for m in models}
@@ -316,6 +359,32 @@ def paired(x: dict, y: dict, slo: dict) -> dict:
             "simulated": x["simulated"]["slo_attainment"] - y["simulated"]["slo_attainment"]}
 
 
+def plot(report: dict, path: str) -> None:
+    """Simulated and measured attainment side by side, a panel a rate (measured with +- 1 standard error)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rates = sorted({r["rate"] for r in report["rows"]})
+    fig, axs = plt.subplots(1, len(rates), figsize=(4.5 * len(rates), 3.4), squeeze=False)
+    for ax, rate in zip(axs[0], rates):
+        at = [r for r in report["rows"] if r["rate"] == rate]
+        x = np.arange(len(at))
+        sim = [r["simulated"]["slo_attainment"] for r in at]
+        real = [r["measured"]["attainment"] for r in at]
+        se = [np.sqrt(p * (1 - p) / r["generations"]) for p, r in zip(real, at)]
+        ax.bar(x - 0.2, sim, 0.4, label="simulated")
+        ax.bar(x + 0.2, real, 0.4, yerr=se, capsize=3, label="measured (Ray replicas)")
+        ax.set_xticks(x, [r["placement"] for r in at])
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"{rate:g} req/s ({at[0]['generations']} generations)", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axs[0][0].set_ylabel("SLO attainment")
+    axs[0][0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_report(report: dict, path: str) -> None:
     a, slo = report["args"], report["slo_ms"]
     lines = ["# A plan replayed on real replicas (Ray actors, one core a device)\n",
@@ -342,10 +411,16 @@ def write_report(report: dict, path: str) -> None:
         for i, x in enumerate(at):
             for y in at[i + 1:]:
                 d = paired(x, y, slo)
-                order = ("within noise (< 2 s.e.)" if abs(d["measured"]) < 2 * d["se"] else
-                         "the same" if d["measured"] * d["simulated"] > 0 else "reversed")
+                if d["measured"] == 0 and abs(d["simulated"]) < 1e-9:
+                    order = "equal in both"
+                elif d["measured"] == 0 or abs(d["measured"]) < 2 * d["se"]:
+                    order = "within noise (< 2 s.e.)"
+                else:
+                    order = "the same" if d["measured"] * d["simulated"] > 0 else "reversed"
                 lines.append(f"| {x['placement']} - {y['placement']} | {100 * d['measured']:+.1f} | {100 * d['se']:.1f} "
                              f"| {100 * d['simulated']:+.1f} | {order} |")
+    plot(report, os.path.splitext(path)[0] + ".png")
+    lines.insert(1, f"![simulated and measured attainment]({os.path.basename(os.path.splitext(path)[0])}.png)\n")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
