@@ -1,12 +1,12 @@
 """Forward-pass time vs the tokens in the pass, measured through the public `LLM` API: the cost
 table of the planner's LLM mode (`specserve profile --llm`, read by `specserve plan --llm`).
 
-Small passes are timed as decode steps (b sequences, one token each, every prompt in: the engine's
-steps, each timed alone),
-large ones as prefills of one prompt (in the engine's chunks), which is what passes of those sizes
-are when serving. The prefills are also kept as a curve of their own from 16 tokens up
-(`PassProfile.prefill_s`: what a SARATHI chunk of a prompt costs beside decode rows), with the chunk
-the engine measured (meta["prefill_chunk"]). Every core: an LLM-mode device is this machine, as `specserve bench spec` (alpha, c) ran it.
+Small passes are timed as decode steps of b sequences (one token each), every prompt already in:
+the engine's steps, each timed alone. Large ones are prefills of one prompt (in the engine's
+chunks), which is what passes of those sizes are when serving. The prefills are also kept as a
+curve of their own from 16 tokens up (`PassProfile.prefill_s`: what a SARATHI chunk of a prompt costs
+beside decode rows), with the chunk the engine measured (meta["prefill_chunk"]). Every core by
+default: an LLM-mode device is this machine, as `specserve bench spec` (alpha, c) ran it.
 """
 from __future__ import annotations
 

@@ -178,8 +178,8 @@ def simulate_llm(devices: Sequence[LLMDevice], gens: Sequence[Generation], profi
     for i, r in enumerate(reps):
         of_model.setdefault(r.model, []).append(i)
     turn = [0] * len(devices)
-    # steps in flight per device: replica -> [seconds of work left at the device's full speed, generations
-    # it prefills, tokens each decode gains]; `last`: when the work left was brought up to date
+    # steps in flight per device: replica -> [seconds of work left at the device's full speed, [(generation,
+    # prompt tokens it computes)], tokens each decode gains]; `last`: when the work left was brought up to date
     active: list[dict[int, list]] = [{} for _ in devices]
     last = [0.0] * len(devices)
     version = [0] * len(devices)

@@ -9,7 +9,7 @@ A step of b decoding sequences (each with k drafts to verify) and prompt chunks 
                   curve: chunk(c, n) = prefill(n) * c / n, the share of a whole n-token prompt's
                   prefill (timed in the engine's own chunks) that c of its tokens take, and `fixed` =
                   2 pass(1) - pass(2), the per-pass cost the decode rows and the chunk share
-                  (SARATHI's decode-maximal steps); without that curve, chunk(c, n) = pass(c)
+                  (SARATHI's decode-maximal steps); without that curve, as whole prompts
   served          + step_s + token_s per sequence that streams a token this step, when the profile
                   was calibrated through a served replica (meta["served"]: what a step and a
                   streamed token cost the replica beyond the engine's pass)
@@ -76,7 +76,8 @@ class PassProfile:
         return float(np.interp(n, t, s))
 
     def chunk_s(self, tokens: int, prompt: int) -> float:
-        """Seconds `tokens` of an n-token prompt's prefill take (module doc)."""
+        """Seconds `tokens` of an n-token prompt's prefill take: prefill(n) * tokens / n (module doc);
+        pass(tokens) without a prefill curve."""
         if not self.prefill_tokens:
             return self.pass_s(tokens)
         return self.prefill_s(prompt) * tokens / prompt
