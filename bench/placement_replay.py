@@ -69,6 +69,13 @@ def measured(devices: list[LLMDevice], gens, slo: dict, engine: dict, drain_s: f
             "ttft_s": [round(float(x), 4) for x in ttft], "tpot_s": [round(float(x), 5) for x in tpot]}
 
 
+def replica_kv_gib(devices: list[LLMDevice], budget_gb: float, weights_gb: float) -> float:
+    """A replica's KV cache (GiB): what the fullest device's budget leaves after its replicas' weights
+    (weights_gb a replica), shared among them."""
+    most = max(len(d.models) for d in devices)
+    return max(0.02, (budget_gb - weights_gb * most) / most / 1.0737)
+
+
 def together(b: int, replicas_a_model: int, prompt: int, output: int) -> list[Generation]:
     """b generations for every replica of a and of b, all at once, each with a prompt of its own (a call
     with a larger b repeats the smaller's prompts: `batch_runs` serves them without the prefix cache)."""
@@ -81,7 +88,7 @@ def batch_runs(name: str, engine: dict, budget_gb: float, weights_gb: float, pro
     the same generations): each device's time to its last token, the mean TTFT, CPU seconds."""
     placement = PLACEMENTS[name]
     most = max(len(d.models) for d in placement)
-    kv_gib = max(0.02, (budget_gb - weights_gb * most) / most / 1.0737)
+    kv_gib = replica_kv_gib(placement, budget_gb, weights_gb)
     out = []
     # no prefix cache: each batch size's generations would find the smaller batches' prompts in it
     with serving(placement, {**engine, "kv_cache_gib": kv_gib, "enable_prefix_caching": False}) as (port, pids):
@@ -235,8 +242,7 @@ def main() -> int:
             res = simulate_llm(devices, gens, profiles, drafts, slo, args.budget_gb, **sim_kw)
             sim = {**res.summary(), "ttft_s": [round(float(x), 4) for x in res.ttft],
                    "tpot_s": [round(float(x), 5) for x in res.tpot]}
-            most = max(len(d.models) for d in devices)
-            kv_gib = max(0.02, (args.budget_gb - prof.weights_gb * most - draft.weights_gb * most) / most / 1.0737)
+            kv_gib = replica_kv_gib(devices, args.budget_gb, prof.weights_gb + draft.weights_gb)
             real = measured(devices, gens, slo, {**engine, "kv_cache_gib": kv_gib}, args.drain)
             row = {"placement": name, "rate": rate, "generations": len(gens), "simulated": sim, "measured": real,
                    "trace": [[round(g.arrival, 4), g.model, g.prompt_tokens, g.output_tokens] for g in gens]}
