@@ -138,6 +138,10 @@ class AutoDrafter(Drafter):
         if self.model is not None:
             self.model.observe(request, start, hidden, num_accepted)
 
+    def prefill(self, chunks: list[tuple[Request, int]]) -> None:
+        if self.model is not None:
+            self.model.prefill(chunks)
+
     def release(self, request: Request) -> None:
         for drafter in self.free:
             drafter.release(request)

@@ -160,6 +160,22 @@ class DraftModelDrafter(Drafter):
             self.kv.num_done[r.request_id] = r.num_tokens
         return logits, sum(b - a for _, a, b in spans)
 
+    @torch.inference_mode()
+    def prefill(self, chunks: list[tuple[Request, int]]) -> None:
+        """Every prompt position up to each chunk's end the draft has not seen, in one pass without logits
+        (the first drafting step's catch-up then feeds only the tokens decoded since)."""
+        todo = [(r, self.kv.num_done.get(r.request_id, 0), end) for r, end in chunks]
+        todo = [(r, a, b) for r, a, b in todo if a < b and self.reserve(r, b)]
+        if not todo:
+            return
+        reqs = [r for r, _, _ in todo]
+        q_lens = [b - a for _, a, b in todo]
+        self._forward(reqs, [r.token_at(t) for r, a, b in todo for t in range(a, b)],
+                      [p for _, a, b in todo for p in range(a, b)], q_lens, [b for _, _, b in todo], no_logits=True)
+        for r, _, b in todo:
+            self.kv.num_done[r.request_id] = b
+        self.passes += 1
+
     def mark_drafted(self, request: Request, rows: int) -> None:
         """The first `rows` tokens of request's draft (after its known tokens) have KV rows computed on
         them: after verification `observe` keeps those of the accepted ones."""
@@ -197,13 +213,19 @@ class DraftModelDrafter(Drafter):
         return logits
 
     def _forward(self, reqs: list[Request], ids: list[int], positions: list[int], q_lens: list[int],
-                 kv_lens: list[int], every_row: bool = False, span_parents=None) -> torch.Tensor:
+                 kv_lens: list[int], every_row: bool = False, span_parents=None, no_logits: bool = False) -> torch.Tensor:
         """The draft over each request's q_lens rows (tokens ids at positions, attending to kv_lens KV rows;
-        span_parents: a tree's) -> logits of each request's last row [B, V'] (every_row: of every row)."""
+        span_parents: a tree's) -> logits of each request's last row [B, V'] (every_row: of every row;
+        no_logits: of none, [0, V'], the rows' KV alone)."""
         dev = self.model.device
         meta = self.kv.metadata([r.request_id for r in reqs], q_lens, kv_lens, self.attention, span_parents)
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
-        last = torch.arange(len(ids), device=dev) if every_row else torch.cumsum(torch.tensor(q_lens, device=dev), 0) - 1
+        if no_logits:
+            last = torch.zeros(0, dtype=torch.long, device=dev)
+        elif every_row:
+            last = torch.arange(len(ids), device=dev)
+        else:
+            last = torch.cumsum(torch.tensor(q_lens, device=dev), 0) - 1
         return self.model.forward(ids_t, torch.tensor(positions, dtype=torch.long, device=dev), meta,
                                   self.kv.cache.k, self.kv.cache.v, last, head_rows=self.head_rows)
 

@@ -226,6 +226,11 @@ class StagedDrafter(Drafter):
         # (observe comes before the step's tokens are appended: request.num_tokens is the context's length)
         self.helper.truncate(request, request.num_tokens + num_accepted)
 
+    def prefill(self, chunks: list[tuple[Request, int]]) -> None:
+        """Every model level computes the prompt chunks (a free stage keeps no state of them)."""
+        self.model.prefill(chunks)
+        self.helper.prefill(chunks)
+
     def truncate(self, request: Request, valid: int) -> None:
         """As a lower stage: every level keeps only the rows of request's first `valid` positions."""
         self.model.truncate(request, valid)

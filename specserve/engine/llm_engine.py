@@ -249,7 +249,7 @@ class LLMEngine:
         out = self.runner.execute(plan.scheduled, return_hidden=spec is not None and spec.wants_hidden_states)
         if spec is not None and self.device.type == "cuda":
             torch.cuda.synchronize()
-        now = time.perf_counter()
+        now = t_pass = time.perf_counter()
 
         # Requests whose step samples: one logits row each, or a verify span of 1 + k rows.
         samplers = [(s, rows) for s, rows in out if rows.logits is not None and not s.num_draft_tokens]
@@ -282,6 +282,9 @@ class LLMEngine:
         if spec is not None:
             spec.learn(StepResult([VerifiedDraft(s.request, s.draft, verified[s.request.request_id]) for s, _ in verifiers],
                                   self._observed(out, verified)))
+            # the step's tokens are stamped once its work is done: a draft model's prefill of the step's
+            # prompt chunks (in learn) belongs to the time to first token, not to the decode phase
+            now = time.perf_counter()
 
         plain_decoding = sum(1 for s, _ in samplers if s.request.output_token_ids)  # decode steps, not prompt ends
         results = self._sample_plain(samplers, out.logits, now) if samplers else []
@@ -298,7 +301,7 @@ class LLMEngine:
             results.append((r, delta))
         results = [(r, delta + self._fast_forward(r, now)) for r, delta in results]
         if spec is not None:
-            spec.record_step(sum(s.num_new_tokens for s in plan.scheduled), time.perf_counter() - t0, now - t0,
+            spec.record_step(sum(s.num_new_tokens for s in plan.scheduled), time.perf_counter() - t0, t_pass - t0,
                              len(plan.scheduled), plain_decoding + len(verifiers),
                              plain_decoding + sum(len(v.tokens) for v in verified.values()))
         return expired + results
@@ -333,7 +336,7 @@ class LLMEngine:
                 root = rows.tokens.start + _root(s) - s.start
                 keep = list(range(rows.tokens.start, root)) + [root + j for j in v.rows]
                 hidden = out.hidden[keep]
-            observed.append(Observed(s.request, s.start, hidden, 0 if v is None else v.num_accepted))
+            observed.append(Observed(s.request, s.start, hidden, 0 if v is None else v.num_accepted, s.num_new_tokens))
         return observed
 
     def _sample_plain(self, samplers: list[tuple[ScheduledRequest, object]], logits: torch.Tensor, now: float):

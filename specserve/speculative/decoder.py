@@ -51,13 +51,20 @@ class VerifiedDraft:
 @dataclass(frozen=True)
 class Observed:
     """Rows the target computed for a request this step (a prompt chunk, a plain or a verify step):
-    from position `start`, with the last hidden states of the rows that stayed valid (drafters that
-    want them), after num_accepted accepted drafts."""
+    num_new_tokens from position `start` (known tokens, then drafts), with the last hidden states of
+    the rows that stayed valid (drafters that want them), after num_accepted accepted drafts."""
 
     request: Request
     start: int
     hidden: Optional[torch.Tensor]
     num_accepted: int
+    num_new_tokens: int = 0
+
+    @property
+    def prompt_end(self) -> Optional[int]:
+        """Where this step's prompt chunk ends (None: not a prompt chunk). Before the step's tokens are
+        appended, a request without output tokens is still in its prompt."""
+        return None if self.request.output_token_ids else self.start + self.num_new_tokens
 
 
 @dataclass
@@ -286,12 +293,16 @@ class SpeculativeDecoder:
         """Everything a step teaches, in one place: the drafter's span callback (lookahead), the
         draft-length policies, the per-sequence choice, the acceptance and statistics (the requests'
         spec_* statistics too), each verified draft's drafter (`on_verified`), then every computed
-        request's rows (`observe`). The engine calls it after verification and roll-back, before the
-        step's tokens are appended; only the step's timing comes later (`record_step`)."""
+        request's rows (`observe`), and the step's prompt chunks (`prefill`, for a draft model's own KV).
+        The engine calls it after verification and roll-back, before the step's tokens are appended;
+        only the step's timing comes later (`record_step`)."""
         if step.verified:
             self._learn_verified(step.verified)
         for o in step.observed:
             self.drafter.observe(o.request, o.start, o.hidden, o.num_accepted)
+        chunks = [(o.request, end) for o in step.observed if (end := o.prompt_end) is not None]
+        if chunks:
+            self.drafter.prefill(chunks)
 
     def _learn_verified(self, verified: list["VerifiedDraft"]) -> None:
         if self.drafter.wants_span_argmax:

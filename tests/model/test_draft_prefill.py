@@ -1,0 +1,70 @@
+"""A draft model computes each prompt chunk in the step the target computes it (Drafter.prefill), so its
+first drafting step feeds only the tokens decoded since, and the drafts are the ones a whole catch-up
+at the first drafting step gave."""
+import pytest
+
+from specserve import LLM, SamplingParams
+from specserve.drafters.draft_model import DraftModelDrafter
+
+from .tiny import make_tiny
+
+pytest.importorskip("transformers")
+
+PROMPT = [5, 6, 7, 8, 5, 6, 9, 40, 3, 9, 1, 2, 3]  # 13 tokens: four chunks of 4 (the last one of 1)
+GREEDY = SamplingParams(temperature=0, max_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    d = tmp_path_factory.mktemp("prefill")
+    target, draft = str(d / "target"), str(d / "draft")
+    make_tiny("llama", target, seed=0)
+    make_tiny("llama", draft, seed=0)  # the target's weights in a file of its own: drafts get accepted
+    return target, draft
+
+
+def _engine(target, draft, method):
+    spec = dict(method=method, draft_model=draft, policy="fixed", draft_len=3, fallback=False)
+    if method == "staged":
+        spec["stages"] = ["draft", "lookup"]
+    llm = LLM(target, kv_cache_gib=0.01, block_size=4, prefill_chunk=4, speculative=spec)
+    d = llm.engine.speculator.drafter
+    return llm, (d.model if method == "staged" else d)
+
+
+@pytest.mark.parametrize("method", ["draft", "staged"])
+def test_the_draft_computes_each_prompt_chunk_with_the_target(pair, method):
+    llm, model = _engine(*pair, method)
+    eng = llm.engine
+    (req,) = eng.add_request(PROMPT, GREEDY)
+    seen = []
+    while not req.output_token_ids:
+        eng.step()
+        seen.append(model.kv.num_done.get(req.request_id, 0))
+    assert seen == [4, 8, 12, 13]  # the target's chunks, step by step
+    catchups = []
+    propose = model.propose if method == "draft" else None
+    if propose is not None:
+        def spy(*a, **kw):
+            p = propose(*a, **kw)
+            catchups.append(p.catchup_rows)
+            return p
+        model.propose = spy
+    eng.step()  # the first drafting step
+    assert llm.spec_stats()["drafted"] > 0
+    if method == "draft":
+        assert catchups == [1]  # the first sampled token only
+
+
+@pytest.mark.parametrize("method", ["draft", "staged"])
+def test_drafts_are_those_of_a_whole_catch_up(pair, method, monkeypatch):
+    def run():
+        llm, _ = _engine(*pair, method)
+        out = llm.generate([PROMPT, PROMPT[3:]], GREEDY)
+        st = llm.spec_stats()
+        return [(o.outputs[0].token_ids, o.outputs[0].origins) for o in out], (st["drafted"], st["accepted"])
+
+    chunked, accepted = run()
+    monkeypatch.setattr(DraftModelDrafter, "prefill", lambda self, chunks: None)  # caught up when it first drafts
+    whole, accepted_whole = run()
+    assert chunked == whole and accepted == accepted_whole and accepted[1] > 0
