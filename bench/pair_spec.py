@@ -61,6 +61,13 @@ def decode_rate(out) -> float:
     return (n - 1) / (o.per_token_latency * (n - 1)) if n > 1 and o.per_token_latency else float("nan")
 
 
+def e2e_rate(out) -> float:
+    """Tokens over the whole request: TTFT (the prompt, the draft model's included) and decoding."""
+    o = out.outputs[0]
+    n = len(o.token_ids)
+    return n / (o.time_to_first_token + (n - 1) * (o.per_token_latency or 0.0))
+
+
 def run_specserve(args, sets: dict, draft: str) -> dict:
     res = {}
     for name in args.methods:
@@ -79,7 +86,7 @@ def run_specserve(args, sets: dict, draft: str) -> dict:
         llm.generate(sets["humaneval"][0], SamplingParams(temperature=0, max_tokens=8))  # warm-up
         r = {"load_s": load_s}
         for set_name, prompts in sets.items():
-            outs, paired, steps, emitted = [], [], 0, 0.0
+            outs, paired, paired_e2e, steps, emitted = [], [], [], 0, 0.0
             for p in prompts:
                 if spec is not None:
                     llm.reset_spec_stats()
@@ -88,10 +95,13 @@ def run_specserve(args, sets: dict, draft: str) -> dict:
                     st = llm.spec_stats()  # prompt right after, on the same engine
                     steps += st["target_steps"]
                     emitted += st["target_steps"] * st["tokens_per_target_step"]
-                    paired.append(decode_rate(llm.generate(p, plain)[0]))
-            r[set_name] = {"rates": [decode_rate(o) for o in outs], "tokens": [o.outputs[0].token_ids for o in outs]}
+                    reg = llm.generate(p, plain)[0]
+                    paired.append(decode_rate(reg))
+                    paired_e2e.append(e2e_rate(reg))
+            r[set_name] = {"rates": [decode_rate(o) for o in outs], "tokens": [o.outputs[0].token_ids for o in outs],
+                           "e2e": [e2e_rate(o) for o in outs], "ttft": [o.outputs[0].time_to_first_token for o in outs]}
             if spec is not None:  # per set: emitted tokens per target step, and the paired regular rates
-                r[set_name].update(tokens_per_step=emitted / max(1, steps), regular_rates=paired)
+                r[set_name].update(tokens_per_step=emitted / max(1, steps), regular_rates=paired, regular_e2e=paired_e2e)
         if spec is not None:
             r["stats"] = {"c": llm.spec_stats().get("c")}  # from the whole run's timings
             d = llm.engine.speculator.drafter
@@ -137,13 +147,17 @@ def run_llamacpp_spec(args, texts: dict, target: str, draft: str) -> dict:
     return out
 
 
-def paired_ratio(m: dict) -> float:
+def paired_ratio(m: dict, key: str = "rates") -> tuple[float, float]:
     """Speculative over regular decoding, each prompt's pair run back to back on one engine (a shared
-    VM's speed drifts by tens of percent over minutes): the geometric mean of the prompts' ratios."""
-    if "regular_rates" not in m:
-        return 1.0
-    logs = [math.log(a / b) for a, b in zip(m["rates"], m["regular_rates"])]
-    return math.exp(sum(logs) / len(logs))
+    VM's speed drifts by tens of percent over minutes): the geometric mean of the prompts' ratios, and
+    the factor of its 2-standard-error interval (ratio / f .. ratio * f). key: "rates" (decode) or
+    "e2e" (whole requests, TTFT included)."""
+    reg = m.get("regular_rates" if key == "rates" else "regular_e2e")
+    if not reg:
+        return 1.0, 1.0
+    logs = [math.log(a / b) for a, b in zip(m[key], reg)]
+    se = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else 0.0
+    return math.exp(sum(logs) / len(logs)), math.exp(2 * se)
 
 
 def markdown(r: dict) -> str:
@@ -154,31 +168,41 @@ def markdown(r: dict) -> str:
              f"{r['activations']}, greedy, batch 1, up to {r['max_tokens']} new tokens; {r['n']} prompts per set. "
              "Decode tokens/s (TTFT excluded), median over the prompts; 'vs regular': each prompt's speculative run "
              "against its regular run right after on the same engine (geometric mean of the prompts' ratios); "
-             "llama.cpp's against specserve's regular runs.", "",
+             "llama.cpp's against specserve's regular runs. In brackets: the ratio's 2-standard-error interval "
+             "over the prompts. 'whole requests': the same pairing over each request's tokens / (TTFT + decoding), "
+             "where a draft model's prompt counts (it runs in the prompt's steps); TTFT: median seconds.", "",
              f"`{r['command']}`", "",
-             "| engine / method | " + " | ".join(f"{s} tok/s | vs regular | identical" for s in sets)
+             "| engine / method | " + " | ".join(f"{s} tok/s | vs regular | whole requests | TTFT | identical" for s in sets)
              + " | tokens/target step (per set) | c | draft acceptance |",
-             "|---|" + "---|---|---|" * len(sets) + "---|---|---|"]
+             "|---|" + "---|---|---|---|---|" * len(sets) + "---|---|---|"]
+
+    def ratio(m, key):
+        x, f = paired_ratio(m, key)
+        return f"{x:.2f}x [{x / f:.2f}, {x * f:.2f}]" if f > 1 else f"{x:.2f}x"
+
     for name, m in r["specserve"].items():
         cells = []
         for s in sets:
             rate = statistics.median(m[s]["rates"])
             same = sum(a == b for a, b in zip(m[s]["tokens"], reg[s]["tokens"]))
-            cells.append(f"{rate:.1f} | {paired_ratio(m[s]):.2f}x | {same}/{len(reg[s]['tokens'])}")
+            ttft = statistics.median(m[s]["ttft"]) if m[s].get("ttft") else float("nan")
+            cells.append(f"{rate:.1f} | {ratio(m[s], 'rates')} | {ratio(m[s], 'e2e') if 'e2e' in m[s] else '-'} | "
+                         f"{ttft:.2f} | {same}/{len(reg[s]['tokens'])}")
         st = m.get("stats") or {}
         fmt = lambda v: "-" if v is None else f"{v:.2f}"
         steps = " / ".join(fmt(m[s].get("tokens_per_step")) for s in sets)
         lines.append(f"| specserve {name} | " + " | ".join(cells) + f" | {steps} | {fmt(st.get('c'))} | - |")
     lcpp = r.get("llamacpp_regular")
+    def peer(rates: dict) -> str:  # a peer's decode rate and its ratio to specserve's regular decoding
+        return " | ".join(f"{statistics.median(rates[s]):.1f} | "
+                          f"{statistics.median(rates[s]) / statistics.median(reg[s]['rates']):.2f}x | - | - | -" for s in sets)
+
     if lcpp:
-        lines.append("| llama.cpp regular (llama-cpp-python) | " + " | ".join(
-            f"{statistics.median(lcpp[s]):.1f} | {statistics.median(lcpp[s]) / statistics.median(reg[s]['rates']):.2f}x | -"
-            for s in sets) + " | - | - | - |")
+        lines.append("| llama.cpp regular (llama-cpp-python) | " + peer(lcpp) + " | - | - | - |")
     for point, m in (r.get("llamacpp_spec") or {}).items():
         acc = [a for s in sets for a in m[s]["acceptance"] if a is not None]
-        lines.append(f"| llama.cpp speculative, draft n-max:n-min:p-min {point} | " + " | ".join(
-            f"{statistics.median(m[s]['rates']):.1f} | {statistics.median(m[s]['rates']) / statistics.median(reg[s]['rates']):.2f}x | -"
-            for s in sets) + f" | - | - | {statistics.mean(acc) if acc else float('nan'):.2f} |")
+        lines.append(f"| llama.cpp speculative, draft n-max:n-min:p-min {point} | " + peer({s: m[s]["rates"] for s in sets})
+                     + f" | - | - | {statistics.mean(acc) if acc else float('nan'):.2f} |")
     if r.get("llamacpp_spec"):
         lines += [""]
         for s in sets:

@@ -119,6 +119,7 @@ class SpeculativeDecoder:
         self.plain_every, self._since_plain = plain_every, 0
         self._step: Optional[DraftingStep] = None  # this step's shared drafting, until record_step
         self._free_skipped = 0  # plain steps in a row that left free drafts out (_free_drafts_pay)
+        self._rows_pay = True  # whether a draft row could pay at the last decoding batch's size (propose)
 
     @property
     def wants_hidden_states(self) -> bool:
@@ -150,7 +151,8 @@ class SpeculativeDecoder:
             return drafts
         k = self.policy.draft_len()
         batch = len(shared)
-        if self.fallback and not self.costs.rows_can_pay(batch, min(batch * max(k, 1), MAX_PAYING_ROWS)):
+        self._rows_pay = not self.fallback or self.costs.rows_can_pay(batch, min(batch * max(k, 1), MAX_PAYING_ROWS))
+        if not self._rows_pay:
             # Not even a certain draft token would pay for its row at this batch size: a bare plain
             # step, without the draft pass, lookups or probes that the selection would all cut.
             self._plain_step(drafts, shared, None)
@@ -300,8 +302,12 @@ class SpeculativeDecoder:
             self._learn_verified(step.verified)
         for o in step.observed:
             self.drafter.observe(o.request, o.start, o.hidden, o.num_accepted)
-        chunks = [(o.request, end) for o in step.observed if (end := o.prompt_end) is not None]
-        if chunks:
+        # the draft's prefill, for requests that may draft: not where speculation is off for the request,
+        # nor while the batch is too large for any draft row to pay (rows_can_pay; a sequence that
+        # drafts later catches up then)
+        chunks = [(o.request, end) for o in step.observed
+                  if (end := o.prompt_end) is not None and o.request.params.speculative is not False]
+        if chunks and self._rows_pay:
             self.drafter.prefill(chunks)
 
     def _learn_verified(self, verified: list["VerifiedDraft"]) -> None:

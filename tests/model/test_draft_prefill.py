@@ -68,3 +68,12 @@ def test_drafts_are_those_of_a_whole_catch_up(pair, method, monkeypatch):
     monkeypatch.setattr(DraftModelDrafter, "prefill", lambda self, chunks: None)  # caught up when it first drafts
     whole, accepted_whole = run()
     assert chunked == whole and accepted == accepted_whole and accepted[1] > 0
+
+
+def test_no_draft_prefill_for_a_request_that_does_not_speculate(pair):
+    llm, model = _engine(*pair, "draft")
+    plain = SamplingParams(temperature=0, max_tokens=4, speculative=False)
+    (req,) = llm.engine.add_request(PROMPT, plain)
+    while not req.output_token_ids:  # the prompt's steps (a finished request's draft state is released)
+        llm.engine.step()
+    assert model.kv.num_done.get(req.request_id, 0) == 0
