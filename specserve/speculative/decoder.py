@@ -120,6 +120,7 @@ class SpeculativeDecoder:
         self._step: Optional[DraftingStep] = None  # this step's shared drafting, until record_step
         self._free_skipped = 0  # plain steps in a row that left free drafts out (_free_drafts_pay)
         self._rows_pay = True  # whether a draft row could pay at the last decoding batch's size (propose)
+        self._decoding = 0  # the sequences the last propose saw decoding (learn's prefill choice)
 
     @property
     def wants_hidden_states(self) -> bool:
@@ -147,6 +148,7 @@ class SpeculativeDecoder:
         # decide their drafts too. (Decided apart, from the calibration alone, a batch of 16 seeded
         # requests ran at half regular decoding's speed: docs/decisions.md#seeded-batch.)
         shared = [r for r in running if _decoding(r) and r.params.speculative is not False]
+        self._decoding = len(shared)
         if not shared:
             return drafts
         k = self.policy.draft_len()
@@ -302,12 +304,13 @@ class SpeculativeDecoder:
             self._learn_verified(step.verified)
         for o in step.observed:
             self.drafter.observe(o.request, o.start, o.hidden, o.num_accepted)
-        # the draft's prefill, for requests that may draft: not where speculation is off for the request,
-        # nor while the batch is too large for any draft row to pay (rows_can_pay; a sequence that
-        # drafts later catches up then)
+        # The draft's prefill, for requests that may draft: not where speculation is off for the request,
+        # nor while drafting does not pay at the batch's size (then a sequence that drafts later, on a
+        # probe, catches up there: at batch 8 on 2 cores most never draft, and a 0.5B draft's prompts
+        # would cost ~0.4 of the target's prefill for nothing).
         chunks = [(o.request, end) for o in step.observed
                   if (end := o.prompt_end) is not None and o.request.params.speculative is not False]
-        if chunks and self._rows_pay:
+        if chunks and self._rows_pay and self.costs.drafting_pays(max(1, self._decoding)) is not False:
             self.drafter.prefill(chunks)
 
     def _learn_verified(self, verified: list["VerifiedDraft"]) -> None:
