@@ -234,7 +234,7 @@ class LLMEngine:
         spec = self.speculator
         drafts = None
         if spec is not None:
-            drafts = spec.propose(self.scheduler.running, self.scheduler.prompt_rows_next())
+            drafts = spec.propose(self.scheduler.running, self.scheduler.prompt_rows_next(), len(self.scheduler.waiting))
             constrained = {rid: (g, live.request.params) for rid in drafts
                            if (live := self._live.get(rid)) is not None and (g := live.guide) is not None}
             if constrained:

@@ -119,8 +119,7 @@ class SpeculativeDecoder:
         self.plain_every, self._since_plain = plain_every, 0
         self._step: Optional[DraftingStep] = None  # this step's shared drafting, until record_step
         self._free_skipped = 0  # plain steps in a row that left free drafts out (_free_drafts_pay)
-        self._rows_pay = True  # whether a draft row could pay at the last decoding batch's size (propose)
-        self._decoding = 0  # the sequences the last propose saw decoding (learn's prefill choice)
+        self._batch = 0  # the running sequences that may speculate, at the last propose
 
     @property
     def wants_hidden_states(self) -> bool:
@@ -138,23 +137,24 @@ class SpeculativeDecoder:
         self.drafter.reset_report()
 
     # --- before scheduling ----------------------------------------------------------------------
-    def propose(self, running: list[Request], prompt_rows: int = 0) -> DraftBatch:
+    def propose(self, running: list[Request], prompt_rows: int = 0, waiting: int = 0) -> DraftBatch:
         """This step's drafts for the running requests that decode this step and should draft (only
         drafts with tokens). prompt_rows: the prompt tokens the step will also carry
-        (Scheduler.prompt_rows_next), on top of which the selection prices draft rows."""
+        (Scheduler.prompt_rows_next), on top of which the selection prices draft rows. waiting: the
+        requests not admitted yet, which will decode beside these."""
         drafts: DraftBatch = {}
         # Seeded sampled requests draft as the others do: their output is the one regular decoding gives
         # with their seed whatever was drafted (sampling/seeded.py), so the batch's measured costs may
         # decide their drafts too. (Decided apart, from the calibration alone, a batch of 16 seeded
         # requests ran at half regular decoding's speed: docs/decisions.md#seeded-batch.)
+        # the batch the step's new sequences will decode in (learn's prefill choice)
+        self._batch = waiting + sum(1 for r in running if r.params.speculative is not False)
         shared = [r for r in running if _decoding(r) and r.params.speculative is not False]
-        self._decoding = len(shared)
         if not shared:
             return drafts
         k = self.policy.draft_len()
         batch = len(shared)
-        self._rows_pay = not self.fallback or self.costs.rows_can_pay(batch, min(batch * max(k, 1), MAX_PAYING_ROWS))
-        if not self._rows_pay:
+        if self.fallback and not self.costs.rows_can_pay(batch, min(batch * max(k, 1), MAX_PAYING_ROWS)):
             # Not even a certain draft token would pay for its row at this batch size: a bare plain
             # step, without the draft pass, lookups or probes that the selection would all cut.
             self._plain_step(drafts, shared, None)
@@ -304,14 +304,30 @@ class SpeculativeDecoder:
             self._learn_verified(step.verified)
         for o in step.observed:
             self.drafter.observe(o.request, o.start, o.hidden, o.num_accepted)
-        # The draft's prefill, for requests that may draft: not where speculation is off for the request,
-        # nor while drafting does not pay at the batch's size (then a sequence that drafts later, on a
-        # probe, catches up there: at batch 8 on 2 cores most never draft, and a 0.5B draft's prompts
-        # would cost ~0.4 of the target's prefill for nothing).
+        # The draft's prefill, for requests that will draft: not where speculation is off for the request,
+        # nor where a new sequence would not draft at the batch's size (then one that drafts later, on
+        # a probe, catches up there: at batch 8 on 2 cores most never draft, and a 0.5B draft's prompts
+        # cost ~0.4 of the target's prefill: auto at batch 8 and 16 fell to 0.90x and 0.86x of regular
+        # decoding with them computed for every prompt, docs/decisions.md#draft-prefill).
         chunks = [(o.request, end) for o in step.observed
                   if (end := o.prompt_end) is not None and o.request.params.speculative is not False]
-        if chunks and self._rows_pay and self.costs.drafting_pays(max(1, self._decoding)) is not False:
+        if chunks and self._new_sequences_draft(max(1, self._batch)):
             self.drafter.prefill(chunks)
+
+    def _new_sequences_draft(self, batch: int) -> bool:
+        """Whether a sequence starting now would draft in a batch of `batch`, by the checks `propose`
+        makes: a draft row can pay at the batch size, drafting steps there have not been measured to
+        lose, and a sequence without acceptance of its own (the batch's alpha stands in for it, as in
+        SequenceChoice.worth_drafting) clears the per-sequence gate."""
+        if not self.fallback:
+            return True
+        c = self.costs
+        if not c.rows_can_pay(batch, min(batch * max(self.policy.draft_len(), 1), MAX_PAYING_ROWS)):
+            return False
+        if c.drafting_pays(batch) is False:
+            return False
+        gate = c.break_even_confidence(batch)
+        return gate is None or (c.alpha if c.alpha is not None else self.choice.prior_alpha) >= gate
 
     def _learn_verified(self, verified: list["VerifiedDraft"]) -> None:
         if self.drafter.wants_span_argmax:

@@ -77,3 +77,19 @@ def test_no_draft_prefill_for_a_request_that_does_not_speculate(pair):
     while not req.output_token_ids:  # the prompt's steps (a finished request's draft state is released)
         llm.engine.step()
     assert model.kv.num_done.get(req.request_id, 0) == 0
+
+
+@pytest.mark.parametrize("check", ["rows_can_pay", "drafting_pays"])
+def test_no_draft_prefill_where_a_new_sequence_would_not_draft(pair, check, monkeypatch):
+    """With the cost model choosing: no prefill where no draft row can pay at the batch size, or where
+    drafting steps there were measured to lose (a sequence that drafts later catches up then)."""
+    spec = dict(method="draft", draft_model=pair[1])
+    llm = LLM(pair[0], kv_cache_gib=0.01, block_size=4, prefill_chunk=4, speculative=spec)
+    dec = llm.engine.speculator
+    (req,) = llm.engine.add_request(PROMPT, GREEDY)
+    llm.engine.step()
+    assert dec.drafter.kv.num_done.get(req.request_id, 0) == 4  # the cost model lets a new sequence draft
+    monkeypatch.setattr(dec.costs, check, lambda *a, **kw: False)
+    while not req.output_token_ids:
+        llm.engine.step()
+    assert dec.drafter.kv.num_done[req.request_id] == 4
