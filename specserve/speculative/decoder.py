@@ -120,6 +120,7 @@ class SpeculativeDecoder:
         self._step: Optional[DraftingStep] = None  # this step's shared drafting, until record_step
         self._free_skipped = 0  # plain steps in a row that left free drafts out (_free_drafts_pay)
         self._batch = 0  # the running sequences that may speculate, at the last propose
+        self._prefills: dict[str, bool] = {}  # request id -> whether the draft follows its prompt's chunks
 
     @property
     def wants_hidden_states(self) -> bool:
@@ -304,14 +305,21 @@ class SpeculativeDecoder:
             self._learn_verified(step.verified)
         for o in step.observed:
             self.drafter.observe(o.request, o.start, o.hidden, o.num_accepted)
-        # The draft's prefill, for requests that will draft: not where speculation is off for the request,
-        # nor where a new sequence would not draft at the batch's size (then one that drafts later, on
-        # a probe, catches up there: at batch 8 on 2 cores most never draft, and a 0.5B draft's prompts
-        # cost ~0.4 of the target's prefill: auto at batch 8 and 16 fell to 0.90x and 0.86x of regular
-        # decoding with them computed for every prompt, docs/decisions.md#draft-prefill).
-        chunks = [(o.request, end) for o in step.observed
-                  if (end := o.prompt_end) is not None and o.request.params.speculative is not False]
-        if chunks and self._new_sequences_draft(max(1, self._batch)):
+        # The draft's prefill, for requests that arrived alone in the engine and will draft (decided at
+        # the prompt's first chunk: not with speculation off, nor where a new sequence would not draft).
+        # One that arrives beside other sequences catches its draft up at its first drafting step, as
+        # before: computed in the prompt's steps, the draft's prompts cost auto 6-14% at batch 4-16
+        # (docs/decisions.md#draft-prefill).
+        chunks = []
+        for o in step.observed:
+            end, rid = o.prompt_end, o.request.request_id
+            if end is None or o.request.params.speculative is False:
+                continue
+            if rid not in self._prefills:
+                self._prefills[rid] = self._batch <= 1 and self._new_sequences_draft(1)
+            if self._prefills[rid]:
+                chunks.append((o.request, end))
+        if chunks:
             self.drafter.prefill(chunks)
 
     def _new_sequences_draft(self, batch: int) -> bool:
@@ -393,6 +401,7 @@ class SpeculativeDecoder:
 
     def release(self, request: Request) -> None:
         self.choice.release(request.request_id)
+        self._prefills.pop(request.request_id, None)
         self.drafter.release(request)
 
     def hierarchy(self) -> dict:

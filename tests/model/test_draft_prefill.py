@@ -79,17 +79,30 @@ def test_no_draft_prefill_for_a_request_that_does_not_speculate(pair):
     assert model.kv.num_done.get(req.request_id, 0) == 0
 
 
-@pytest.mark.parametrize("check", ["rows_can_pay", "drafting_pays"])
+@pytest.mark.parametrize("check", [None, "rows_can_pay", "drafting_pays"])
 def test_no_draft_prefill_where_a_new_sequence_would_not_draft(pair, check, monkeypatch):
-    """With the cost model choosing: no prefill where no draft row can pay at the batch size, or where
-    drafting steps there were measured to lose (a sequence that drafts later catches up then)."""
+    """With the cost model choosing, decided at the prompt's first chunk: no prefill where no draft row
+    can pay at the batch size, or where drafting steps there were measured to lose (a sequence that
+    drafts later catches up then)."""
     spec = dict(method="draft", draft_model=pair[1])
     llm = LLM(pair[0], kv_cache_gib=0.01, block_size=4, prefill_chunk=4, speculative=spec)
     dec = llm.engine.speculator
+    if check is not None:
+        monkeypatch.setattr(dec.costs, check, lambda *a, **kw: False)
     (req,) = llm.engine.add_request(PROMPT, GREEDY)
-    llm.engine.step()
-    assert dec.drafter.kv.num_done.get(req.request_id, 0) == 4  # the cost model lets a new sequence draft
-    monkeypatch.setattr(dec.costs, check, lambda *a, **kw: False)
+    done = []
     while not req.output_token_ids:
         llm.engine.step()
-    assert dec.drafter.kv.num_done[req.request_id] == 4
+        done.append(dec.drafter.kv.num_done.get(req.request_id, 0))
+    assert done == ([4, 8, 12, 13] if check is None else [0, 0, 0, 0])  # None: the cost model lets it draft
+
+
+def test_no_draft_prefill_beside_other_sequences(pair):
+    llm, model = _engine(*pair, "draft")
+    llm.engine.add_request(PROMPT, GREEDY)
+    (b,) = llm.engine.add_request(PROMPT[2:], GREEDY)
+    done = []
+    while not b.output_token_ids:  # b's prompt steps: only a prefill could compute b's draft KV
+        llm.engine.step()
+        done.append(model.kv.num_done.get(b.request_id, 0))
+    assert len(done) > 1 and not any(done)
