@@ -308,8 +308,8 @@ class SpeculativeDecoder:
         # The draft's prefill, for requests that arrived alone in the engine and will draft (decided at
         # the prompt's first chunk: not with speculation off, nor where a new sequence would not draft).
         # One that arrives beside other sequences catches its draft up at its first drafting step, as
-        # before: computed in the prompt's steps, the draft's prompts cost auto 6-14% at batch 4-16
-        # (docs/decisions.md#draft-prefill).
+        # before: computed for every prompt, the draft's prompts cost auto 10-12% at batch 8-16, where
+        # most sequences never draft (docs/decisions.md#draft-prefill).
         chunks = []
         for o in step.observed:
             end, rid = o.prompt_end, o.request.request_id
