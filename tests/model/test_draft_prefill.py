@@ -79,22 +79,28 @@ def test_no_draft_prefill_for_a_request_that_does_not_speculate(pair):
     assert model.kv.num_done.get(req.request_id, 0) == 0
 
 
-@pytest.mark.parametrize("check", [None, "rows_can_pay", "drafting_pays"])
+# the cost model's answers that let a new sequence draft, and one that each check blocks it with
+LETS_DRAFT = {"rows_can_pay": True, "drafting_pays": None, "break_even_confidence": 0.0}
+BLOCKS = {"rows_can_pay": False, "drafting_pays": False, "break_even_confidence": 1.0}
+
+
+@pytest.mark.parametrize("check", [None, *BLOCKS])
 def test_no_draft_prefill_where_a_new_sequence_would_not_draft(pair, check, monkeypatch):
     """With the cost model choosing, decided at the prompt's first chunk: no prefill where no draft row
-    can pay at the batch size, or where drafting steps there were measured to lose (a sequence that
-    drafts later catches up then)."""
+    can pay at the batch size, where drafting steps there were measured to lose, or where the batch's
+    acceptance is below the per-sequence gate (a sequence that drafts later catches up then). The
+    cost model's answers are set: measured on the tiny model they follow the machine's timing."""
     spec = dict(method="draft", draft_model=pair[1])
     llm = LLM(pair[0], kv_cache_gib=0.01, block_size=4, prefill_chunk=4, speculative=spec)
     dec = llm.engine.speculator
-    if check is not None:
-        monkeypatch.setattr(dec.costs, check, lambda *a, **kw: False)
+    for name, value in LETS_DRAFT.items():
+        monkeypatch.setattr(dec.costs, name, lambda *a, v=(BLOCKS[name] if name == check else value), **kw: v)
     (req,) = llm.engine.add_request(PROMPT, GREEDY)
     done = []
     while not req.output_token_ids:
         llm.engine.step()
         done.append(dec.drafter.kv.num_done.get(req.request_id, 0))
-    assert done == ([4, 8, 12, 13] if check is None else [0, 0, 0, 0])  # None: the cost model lets it draft
+    assert done == ([4, 8, 12, 13] if check is None else [0, 0, 0, 0])
 
 
 def test_no_draft_prefill_beside_other_sequences(pair):
