@@ -155,7 +155,7 @@ class SpeculativeDecoder:
             return drafts
         k = self.policy.draft_len()
         batch = len(shared)
-        if self.fallback and not self.costs.rows_can_pay(batch, min(batch * max(k, 1), MAX_PAYING_ROWS)):
+        if self.fallback and not self._rows_can_pay(batch):
             # Not even a certain draft token would pay for its row at this batch size: a bare plain
             # step, without the draft pass, lookups or probes that the selection would all cut.
             self._plain_step(drafts, shared, None)
@@ -322,6 +322,10 @@ class SpeculativeDecoder:
         if chunks:
             self.drafter.prefill(chunks)
 
+    def _rows_can_pay(self, batch: int) -> bool:
+        """CostModel.rows_can_pay over the rows the policy's draft length asks for at this batch size."""
+        return self.costs.rows_can_pay(batch, min(batch * max(self.policy.draft_len(), 1), MAX_PAYING_ROWS))
+
     def _new_sequences_draft(self, batch: int) -> bool:
         """Whether a sequence starting now would draft in a batch of `batch`, by the checks `propose`
         makes: a draft row can pay at the batch size, drafting steps there have not been measured to
@@ -330,7 +334,7 @@ class SpeculativeDecoder:
         if not self.fallback:
             return True
         c = self.costs
-        if not c.rows_can_pay(batch, min(batch * max(self.policy.draft_len(), 1), MAX_PAYING_ROWS)):
+        if not self._rows_can_pay(batch):
             return False
         if c.drafting_pays(batch) is False:
             return False
