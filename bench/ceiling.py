@@ -10,6 +10,11 @@ prompts beyond code. Free drafts (prompt lookup, suffix) and trees move the figu
 tokens without draft passes, or rows per accepted token); bench/auto_ab.py measures the whole engine.
 
     python bench/ceiling.py [--k 3] [--prompts 8] [--per-category 2]  ->  bench/results/ceiling-<time>.md
+    python bench/ceiling.py --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b --activations int8 \
+        --draft-vocab 65536    (the real pair, issue 40)
+
+For each prompt set it also prints the dearest draft pass (as a share of a one-row target pass, c)
+at which the measured acceptance would still reach each speedup: how much cheaper a draft must be.
 """
 import argparse
 import time
@@ -21,7 +26,7 @@ from specserve_bench.humaneval import humaneval_problems
 from specserve_bench.machine import cpu
 from specserve_bench.spec_shapes import prompt_sets
 
-TARGETS = (1.0, 1.3, 1.5)
+TARGETS = (1.0, 1.15, 1.3, 1.5)
 
 
 def speedup(alpha: float, k: int, t: dict, t_draft: float) -> float:
@@ -38,15 +43,31 @@ def needed(target: float, ks, t: dict, t_draft: float) -> str:
     return "none"
 
 
+def max_c(target: float, alpha: float, ks, t: dict) -> str:
+    """The dearest draft pass (c, to 0.01 of a one-row pass) at which some k reaches `target` at acceptance alpha."""
+    for c100 in range(100, -1, -1):
+        if max(speedup(alpha, k, t, c100 / 100 * t[1]) for k in ks) >= target:
+            return f"{c100 / 100:.2f}"
+    return "none"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--k", type=int, default=3, help="the fixed draft length the acceptance is measured at")
     ap.add_argument("--prompts", type=int, default=8, help="HumanEval problems")
     ap.add_argument("--per-category", type=int, default=2, help="prompts per category beyond code")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--model", default=None, help="default: the embedded model")
+    ap.add_argument("--draft-model", default=None, help="default: the shipped draft")
+    ap.add_argument("--draft-vocab", type=int, default=0, help="the draft head's reduced vocabulary (0: all of it)")
+    ap.add_argument("--activations", default="fp32", choices=["fp32", "int8"])
     args = ap.parse_args()
     machine = cpu()
-    llm = LLM(speculative={"method": "draft", "policy": "fixed", "draft_len": args.k, "fallback": False})
+    spec = {"method": "draft", "policy": "fixed", "draft_len": args.k, "fallback": False, "draft_vocab": args.draft_vocab}
+    if args.draft_model:
+        spec["draft_model"] = args.draft_model
+    llm = LLM(**({"model": args.model} if args.model else {}), activations=args.activations, kv_cache_gib=1.0,
+              speculative=spec)
     costs = llm.engine.speculator.costs
     sets = prompt_sets(llm, humaneval_problems()[:args.prompts], args.per_category)
     params = SamplingParams(temperature=0, max_tokens=128)
@@ -66,7 +87,9 @@ def main():
     t = curve.calibrated
     t_draft = costs.draft_step_seconds(1)
     lines = [f"# Batch-1 chain speculation's ceiling on this CPU ({machine['cpu']}, {', '.join(machine['flags'])})", "",
-             f"`python bench/ceiling.py --k {args.k} --prompts {args.prompts} --per-category {args.per_category}`: "
+             f"`python bench/ceiling.py --k {args.k} --prompts {args.prompts} --per-category {args.per_category}"
+             + (f" --model {args.model}" if args.model else "") + (f" --draft-model {args.draft_model}" if args.draft_model else "")
+             + (f" --draft-vocab {args.draft_vocab}" if args.draft_vocab else "") + f" --activations {args.activations}`: "
              "bare target passes from the start-up calibration; "
              f"one draft pass {1e3 * t_draft:.2f} ms ({t_draft / t[1]:.3f} of a one-row pass).", "",
              "| draft tokens k | pass over 1 + k rows, ms | extra row / one-row pass | "
@@ -77,10 +100,12 @@ def main():
                      + " | ".join(needed(x, [k], t, t_draft) for x in TARGETS) + " |")
     lines += ["", f"one-row pass: {1e3 * t[1]:.1f} ms. Best k: alpha "
               + ", ".join(f"{needed(x, ks, t, t_draft)} for {x}x" for x in TARGETS) + ".", "",
-              f"| prompts | shipped draft's per-token acceptance (k={args.k}, greedy) | chain model's best speedup at it |",
-              "|---|---|---|"]
+              f"| prompts | the draft's per-token acceptance (k={args.k}, greedy) | chain model's best speedup at it | "
+              + " | ".join(f"c for {x}x at it" for x in TARGETS[1:]) + " |",
+              "|---|---|---|" + "---|" * len(TARGETS[1:])]
     for name, a in alphas.items():
-        lines.append(f"| {name} | {a:.3f} | {max(speedup(a, k, t, t_draft) for k in ks):.2f}x |")
+        lines.append(f"| {name} | {a:.3f} | {max(speedup(a, k, t, t_draft) for k in ks):.2f}x | "
+                     + " | ".join(max_c(x, a, ks, t) for x in TARGETS[1:]) + " |")
     path = f"{args.out}/ceiling-{time.strftime('%Y%m%d-%H%M%S')}.md"
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -74,6 +74,17 @@ def free_first(free: list[Draft], model_expects: float) -> list[int]:
     return [i for i, d in enumerate(free) if not d.tokens]
 
 
+def pays_catchup(rows: int, price: Optional[float], gain: float) -> bool:
+    """Whether a model draft expected to give `gain` more accepted tokens than the sequence's best free
+    draft pays for the `rows` of catch-up it must run first (the tokens its KV has not seen: a whole
+    prompt where it did not follow the prompt's chunks): rows * price <= gain, price being the tokens
+    a catch-up row costs the batch (its seconds at the batch's plain tokens per second; None: not
+    known, it pays). Within one draft: past batch 1 the model drafts a sequence only now and then (its
+    free drafts win most steps, drafting stops and starts), and amortized over 4 drafts a prompt's
+    catch-up still cost auto 5-7% at batch 4 for a draft or two (docs/decisions.md#catchup-price)."""
+    return price is None or rows * price <= gain
+
+
 # selection rules: (each sequence's best free draft, what a model draft is expected to give) -> the
 # sequences the model drafts for
 RULES: dict[str, Callable[[list[Draft], float], list[int]]] = {"expected": most_expected, "free-first": free_first}
@@ -87,6 +98,7 @@ class AutoDrafter(Drafter):
         self.makes_trees = model is not None and model.makes_trees
         self.counts = [PRIOR_WEIGHT * PRIOR_ALPHA, PRIOR_WEIGHT]  # model drafts: [accepted, accepted + rejections]
         self.chosen = {"model": 0, "free": 0}  # drafts handed out by kind (for spec_stats)
+        self.catchup_price: Optional[float] = None  # tokens a row of the model's catch-up costs the batch
 
     @property
     def model_alpha(self) -> float:
@@ -105,9 +117,10 @@ class AutoDrafter(Drafter):
         drafts = self._best_free(requests, max_len, min_confidence)
         a = self.model_alpha
         model_expects = sum(a ** j for j in range(1, max_len + 1))
-        need = self.rule(drafts, model_expects)
-        if self.model is None:
-            need = []
+        need = [] if self.model is None else [
+            i for i in self.rule(drafts, model_expects)
+            if pays_catchup(self.model.catchup_rows(requests[i]), self.catchup_price,
+                            model_expects - expected_tokens(drafts[i]))]
         self.chosen["free"] += sum(1 for i, d in enumerate(drafts) if d.tokens and i not in need)
         if not need:
             return Proposal(drafts)
@@ -138,9 +151,14 @@ class AutoDrafter(Drafter):
         if self.model is not None:
             self.model.observe(request, start, hidden, num_accepted)
 
-    def prefill(self, chunks: list[tuple[Request, int]]) -> None:
-        if self.model is not None:
-            self.model.prefill(chunks)
+    def prefill(self, chunks: list[tuple[Request, int]]) -> int:
+        return 0 if self.model is None else self.model.prefill(chunks)
+
+    def catchup_rows(self, request: Request) -> int:
+        return 0 if self.model is None else self.model.catchup_rows(request)
+
+    def set_catchup_price(self, tokens_per_row: Optional[float]) -> None:
+        self.catchup_price = tokens_per_row
 
     def release(self, request: Request) -> None:
         for drafter in self.free:

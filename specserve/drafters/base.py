@@ -56,6 +56,7 @@ class Proposal:
     model_passes: int = 0
     model_batch: int = 0
     catchup_rows: int = 0  # rows fed before drafting (every token the drafter had not seen yet)
+    catchup_seconds: float = 0.0  # what feeding them took (with the first draft position's logits)
 
     @property
     def longest(self) -> int:
@@ -104,13 +105,24 @@ class Drafter:
     def observe(self, request: Request, start: int, hidden: Optional[torch.Tensor], num_accepted: int) -> None:
         pass
 
-    def prefill(self, chunks: list[tuple[Request, int]]) -> None:
+    def prefill(self, chunks: list[tuple[Request, int]]) -> int:
         """The target computed these requests' prompts up to (request, end) this step. A drafter that
         keeps state of its own over the context (a draft model's KV) may compute the same positions now,
         in the same step, as vLLM runs a draft model's prefill with the target's: left to the first
         drafting step, the draft's whole prompt landed in the decode phase (a 0.5B draft's 111-token
         prompt took 0.18 s there: docs/decisions.md#draft-prefill). Called after every `observe` of the
-        step."""
+        step. Returns the rows it computed."""
+        return 0
+
+    def catchup_rows(self, request: Request) -> int:
+        """Rows this drafter would feed for request before drafting for it: the tokens its own state
+        (a draft model's KV) has not seen. 0 for drafters without such state."""
+        return 0
+
+    def set_catchup_price(self, tokens_per_row: Optional[float]) -> None:
+        """What a row of catch-up costs the step's batch, in tokens (the cost model's
+        `catchup_price`), told before `propose`; a drafter that chooses among others weighs a model's
+        catch-up against what its draft is expected to give (drafters/auto.py). None: not known."""
 
     def observe_span(self, request: Request, draft: Draft, argmax: list[int], path: list[int]) -> None:
         """request's verified draft (as verified: after the engine's selection), the target's greedy

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Optional
 
 import torch
@@ -108,7 +109,9 @@ class DraftModelDrafter(Drafter):
         live = [r for r in requests if max_len > 0 and self.reserve(r, r.num_tokens + fed)]
         if not live:
             return Proposal([drafts[r.request_id] for r in requests])
+        t0 = time.perf_counter()
         logits, catchup = self.catch_up(live)
+        catchup_seconds = time.perf_counter() - t0
         if tree is not None:
             g = grow(logits, max_len, tree.top_k, tree.beam, min_confidence, self.picker.vocab_list,
                      lambda g, level: self._tree_level(live, g, level))
@@ -119,7 +122,7 @@ class DraftModelDrafter(Drafter):
             self.passes += passes
             # the draft-step cost table is by rows: a tree's passes are timed as passes of about beam rows
             return Proposal([drafts[r.request_id] for r in requests], passes, len(live) * min(tree.beam, tree.top_k),
-                            catchup)
+                            catchup, catchup_seconds)
 
         def advance(rows, tokens, reqs, j):
             return self.score(reqs, [[t] for t in tokens], [r.num_tokens + j for r in reqs])
@@ -129,7 +132,7 @@ class DraftModelDrafter(Drafter):
             self.mark_drafted(r, len(drafts[r.request_id].tokens) - 1)
         self.passes += max(len(drafts[r.request_id].tokens) for r in live)
         return Proposal([drafts[r.request_id] for r in requests], max(len(drafts[r.request_id].tokens) for r in live),
-                        len(live), catchup)
+                        len(live), catchup, catchup_seconds)
 
     def _tree_level(self, live: list[Request], g: Growth, level: FedLevel) -> torch.Tensor:
         """One tree level's fed nodes, each at its depth's position (depth d: position N - 1 + d) ->
@@ -160,14 +163,17 @@ class DraftModelDrafter(Drafter):
             self.kv.num_done[r.request_id] = r.num_tokens
         return logits, sum(b - a for _, a, b in spans)
 
+    def catchup_rows(self, request: Request) -> int:
+        return request.num_tokens - self.kv.num_done.get(request.request_id, 0)
+
     @torch.inference_mode()
-    def prefill(self, chunks: list[tuple[Request, int]]) -> None:
+    def prefill(self, chunks: list[tuple[Request, int]]) -> int:
         """Every prompt position up to each chunk's end the draft has not seen, in one pass without logits
         (the first drafting step's catch-up then feeds only the tokens decoded since)."""
         todo = [(r, self.kv.num_done.get(r.request_id, 0), end) for r, end in chunks]
         todo = [(r, a, b) for r, a, b in todo if a < b and self.reserve(r, b)]
         if not todo:
-            return
+            return 0
         reqs = [r for r, _, _ in todo]
         q_lens = [b - a for _, a, b in todo]
         self._forward(reqs, [r.token_at(t) for r, a, b in todo for t in range(a, b)],
@@ -175,6 +181,7 @@ class DraftModelDrafter(Drafter):
         for r, _, b in todo:
             self.kv.num_done[r.request_id] = b
         self.passes += 1
+        return sum(q_lens)
 
     def mark_drafted(self, request: Request, rows: int) -> None:
         """The first `rows` tokens of request's draft (after its known tokens) have KV rows computed on

@@ -132,7 +132,9 @@ class StagedDrafter(Drafter):
         # Catch-up, as the plain draft model: every token this stage has not seen; its last row's logits
         # give the first draft token.
         self.calls += 1
+        t_catchup = time.perf_counter()
         first, catchup = m.catch_up(live, full_vocab=True)
+        t_catchup = time.perf_counter() - t_catchup
         rows = {r.request_id: first[i:i + 1] for i, r in enumerate(live)}  # per request: logits rows [j, vocab]
         props: dict[str, list[int]] = {r.request_id: [] for r in live}
         cum = {r.request_id: 1.0 for r in live}
@@ -195,7 +197,7 @@ class StagedDrafter(Drafter):
         for r in live:
             # rows of every draft token but the last were computed on it (the target's observe keeps those accepted)
             m.mark_drafted(r, len(drafts[r.request_id].tokens) - 1)
-        return Proposal([drafts[r.request_id] for r in requests], passes, len(live), catchup)
+        return Proposal([drafts[r.request_id] for r in requests], passes, len(live), catchup, t_catchup)
 
     def _pick(self, r: Request, logits: torch.Tensor, proposal: Optional[int]):
         """This stage's token from its logits row [vocab] given the lower stage's proposal (None: none):
@@ -226,10 +228,12 @@ class StagedDrafter(Drafter):
         # (observe comes before the step's tokens are appended: request.num_tokens is the context's length)
         self.helper.truncate(request, request.num_tokens + num_accepted)
 
-    def prefill(self, chunks: list[tuple[Request, int]]) -> None:
+    def prefill(self, chunks: list[tuple[Request, int]]) -> int:
         """Every model level computes the prompt chunks (a free stage keeps no state of them)."""
-        self.model.prefill(chunks)
-        self.helper.prefill(chunks)
+        return self.model.prefill(chunks) + self.helper.prefill(chunks)
+
+    def catchup_rows(self, request: Request) -> int:
+        return self.model.catchup_rows(request) + self.helper.catchup_rows(request)
 
     def truncate(self, request: Request, valid: int) -> None:
         """As a lower stage: every level keeps only the rows of request's first `valid` positions."""

@@ -36,6 +36,7 @@ class CostModel:
         self.yields: dict[tuple[int, str], list[float]] = {}
         self.plain: dict[int, float] = {}  # measured seconds of steps without drafts, by batch size
         self.plain_steps: dict[int, int] = {}  # how many, by batch size
+        self.catchup: Optional[float] = None  # measured seconds per row a draft model catches up on
 
     def record_target(self, rows: int, seconds: float, batch: Optional[int] = None) -> None:
         if batch is not None and rows == batch:  # one row per sequence: a plain decoding step
@@ -118,6 +119,31 @@ class CostModel:
     def record_draft(self, batch: int, seconds_per_step: float) -> None:
         old = self.draft.get(batch)
         self.draft[batch] = seconds_per_step if old is None else (1 - self.ema) * old + self.ema * seconds_per_step
+
+    def record_catchup(self, rows: int, seconds: float) -> None:
+        """A draft model's pass over `rows` rows it had not seen (a prompt, or tokens decoded while it
+        did not draft) took `seconds`."""
+        new = seconds / rows
+        self.catchup = new if self.catchup is None else (1 - self.ema) * self.catchup + self.ema * new
+
+    def catchup_row_seconds(self) -> Optional[float]:
+        """Seconds a draft model takes per row it catches up on: as measured; before that, its one-row
+        draft step scaled as the target's calibrated pass over its most rows is to its one-row pass
+        (a prompt-sized pass costs per row a fraction of a one-row pass on either model)."""
+        if self.catchup is not None:
+            return self.catchup
+        t1 = self.step_seconds(1)
+        if t1 is None:
+            return None
+        rows = max(self.calibrated) if self.calibrated else 1
+        t_draft = self.draft_step_seconds(1) or DRAFT_COST_GUESS * t1
+        return t_draft * self.step_seconds(rows) / (rows * t1)
+
+    def catchup_price(self, batch: int) -> Optional[float]:
+        """Tokens a row of draft catch-up costs a batch of `batch` sequences: its seconds at the tokens
+        per second plain steps of the batch give (None: not measured yet)."""
+        row, t_plain = self.catchup_row_seconds(), self.plain.get(batch) or self.step_seconds(batch, batch)
+        return None if row is None or not t_plain else row * batch / t_plain
 
     def cap_draft(self, batch: int, seconds_per_step: float) -> None:
         """An upper bound of a steady draft step at this batch size: a probe's passes with the catch-up

@@ -89,6 +89,9 @@ class DraftingStep:
 # How many extra rows a step's "could any draft pay?" check looks along the cost curve (two AVX-512
 # row groups past a batch of 16; the scan runs every step).
 MAX_PAYING_ROWS = 32
+# A draft model's catch-up (or prefill) pass is timed per row from this many rows: in a shorter one the
+# pass's fixed cost (its weights read once) would be priced as rows.
+TIMED_CATCHUP_ROWS = 32
 
 
 class SpeculativeDecoder:
@@ -251,9 +254,13 @@ class SpeculativeDecoder:
         if k <= 0:  # every request ends within this step: nothing to draft
             self._step = None
             return
+        if self.fallback:
+            self.drafter.set_catchup_price(self.costs.catchup_price(batch))
         t0 = time.perf_counter()
         proposal: Proposal = self.drafter.propose(requests, k, min_confidence, self.tree if shape == "tree" else None)
         seconds = time.perf_counter() - t0
+        if proposal.catchup_rows >= TIMED_CATCHUP_ROWS and proposal.catchup_seconds:
+            self.costs.record_catchup(proposal.catchup_rows, proposal.catchup_seconds)
         # Draft-model passes only: a step whose drafts all came from lookups ran none, and timing it as
         # draft steps would drag the per-step estimate (and so every drafting decision) towards zero.
         passes, model_batch = proposal.model_passes, proposal.model_batch
@@ -267,11 +274,15 @@ class SpeculativeDecoder:
         if proposal.longest:
             self.stats.draft_seconds += seconds
             if self._step is not None:
-                # A steady drafting step's cost (the first draft after a prompt catches up on all of
-                # it once, which says nothing about the steps to come); lookups cost what they took.
+                # A steady drafting step's cost plus the catch-up it paid beyond a steady step's rows
+                # (a prompt the draft did not follow, tokens decoded while it did not draft): paid once,
+                # but paid by this step; left out, auto drafted at batch 4-8 where every catch-up of a
+                # prompt cost more than the drafts gave (docs/decisions.md#catchup-price). Lookups cost
+                # what they took.
                 if passes:
                     t = self.costs.draft_step_seconds(model_batch)
-                    self._step.draft_seconds = passes * (t if t is not None else DRAFT_COST_GUESS * self.costs.step_seconds(1))
+                    t = t if t is not None else DRAFT_COST_GUESS * self.costs.step_seconds(1)
+                    self._step.draft_seconds = passes * t + (0.0 if steady else max(0.0, proposal.catchup_seconds - t))
                 else:
                     self._step.draft_seconds = seconds
         drafts = [within(d, n) for d, n in zip(proposal.drafts, room)]
@@ -320,7 +331,10 @@ class SpeculativeDecoder:
             if self._prefills[rid]:
                 chunks.append((o.request, end))
         if chunks:
-            self.drafter.prefill(chunks)
+            t0 = time.perf_counter()
+            rows = self.drafter.prefill(chunks)
+            if rows >= TIMED_CATCHUP_ROWS:
+                self.costs.record_catchup(rows, time.perf_counter() - t0)
 
     def _rows_can_pay(self, batch: int) -> bool:
         """CostModel.rows_can_pay over the rows the policy's draft length asks for at this batch size."""
