@@ -43,6 +43,10 @@ METHODS = {
     "staged-fr": dict(method="staged", stages=["draft", "lookup"], fr=True),
     "auto": dict(method="auto"),
     "auto-fr": dict(method="auto", fr=True),
+    # the draft's weights wider than Q4_0 re-encoded as Q4_0 (--draft-quant): fewer bytes a draft pass reads
+    "draft-fr-q4": dict(method="draft", fr=True, draft_quant="q4_0"),
+    "staged-fr-q4": dict(method="staged", stages=["draft", "lookup"], fr=True, draft_quant="q4_0"),
+    "auto-fr-q4": dict(method="auto", fr=True, draft_quant="q4_0"),
     # token trees from the draft model (its top-k children at the beam best nodes of each level)
     "draft-tree": dict(method="draft", shape="tree"),
     "draft-fr-tree": dict(method="draft", shape="tree", fr=True),

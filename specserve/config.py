@@ -14,6 +14,7 @@ from .registry import ATTENTION, DRAFTERS, POLICIES, SHAPES, Registry
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ACTIVATIONS = ("fp32", "int8")  # what the GGUF block kernels dot the weights with
+DRAFT_QUANTS = ("none", "q4_0")  # what a draft model's wider GGML weights may be re-encoded as (loading/quants.py)
 
 
 def option(default: Any, help: str, *, flag: Optional[str] = None, parse: Optional[str] = None,
@@ -138,6 +139,10 @@ class SpeculativeConfig:
     draft_len: Union[str, int] = option("auto", "auto, or K: fixed k / BASS l0 / threshold limit")
     # FR-Spec (drafters/vocab.py): a standalone draft model's head over the N most frequent tokens only
     draft_vocab: int = option(0, "a draft model's LM head over the N most frequent tokens only (FR-Spec; 0: all)")
+    # A draft pass reads every weight once (memory-bound on CPU): re-encoded in fewer bits it costs less.
+    # Lossless whatever it does to the draft's acceptance: each draft token is verified by the target.
+    draft_quant: str = option("none", "re-encode a standalone draft model's weights wider than this GGML type as it "
+                                      "(its embedding excepted): fewer bytes a draft pass reads", choices=DRAFT_QUANTS)
     policy: str = option("bass", "draft-length policy", choices=POLICIES)
     # Ragged verification attention: "split" (per sequence) or "pad" (one padded batch). "auto": split
     # on CPU (the C++ paged kernel, no padding work), pad on CUDA (one kernel instead of one per
@@ -180,6 +185,8 @@ class SpeculativeConfig:
         for name in ("tree_top_k", "tree_beam", "tree_max_nodes"):
             _check_int(name, getattr(self, name), 1)
         _check_int("draft_vocab", self.draft_vocab, 0)
+        if self.draft_quant not in DRAFT_QUANTS:
+            raise ValueError(f"draft_quant must be one of {', '.join(DRAFT_QUANTS)}, got {self.draft_quant!r}")
         if self.draft_len != "auto":
             k = self.draft_len
             if isinstance(k, str) and k.strip().lstrip("-").isdigit():

@@ -40,14 +40,15 @@ def build(spec, ctx: DrafterContext) -> Drafter:
     if _is_eagle(path):
         from .eagle import EagleDrafter
         return EagleDrafter.load(path, ctx)
-    return load_model_drafter(path, ctx, spec.draft_vocab)
+    return load_model_drafter(path, ctx, spec.draft_vocab, spec.draft_quant)
 
 
-def load_model_drafter(path: str, ctx: DrafterContext, vocab: int = 0) -> "DraftModelDrafter":
+def load_model_drafter(path: str, ctx: DrafterContext, vocab: int = 0, quant: str = "none") -> "DraftModelDrafter":
     """A standalone draft model (any model file or directory with the target's tokenizer). The target's
     own file is not loaded again: the stage runs the loaded target over a KV cache of its own (loading
     it twice doubled the weights' memory). vocab: its head over that many of the most
-    frequent tokens (drafters/vocab.py; 0 or the whole vocabulary's size: all of it)."""
+    frequent tokens (drafters/vocab.py; 0 or the whole vocabulary's size: all of it). quant: the GGML
+    type its wider weights are re-encoded as ("none": as stored; config.DRAFT_QUANTS)."""
     from ..loading import load_model_files, resolve_model_path
     from ..models import build_model
     target = ctx.target
@@ -59,6 +60,9 @@ def load_model_drafter(path: str, ctx: DrafterContext, vocab: int = 0) -> "Draft
     if os.path.realpath(path) == os.path.realpath(ctx.target_path):
         return DraftModelDrafter(target, ctx.num_blocks, ctx.block_size, ctx.attention, vocab_ids)
     _, arch, weights, draft_tok = load_model_files(path, keep_quantized=True)
+    if quant != "none":
+        from ..loading.weights import requantize_weights
+        weights = requantize_weights(weights, quant.upper())
     if draft_tok.fingerprint() != ctx.tokenizer.fingerprint() or arch.vocab_size != target.arch.vocab_size:
         raise ValueError(f"{path}: the draft's tokenizer/vocabulary ({arch.vocab_size} tokens) differs from the "
                          f"target's ({target.arch.vocab_size} tokens); a draft must share the target's tokenizer")

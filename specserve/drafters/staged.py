@@ -78,7 +78,7 @@ def _model_stage(name: str, spec, ctx: DrafterContext) -> DraftModelDrafter:
         raise ValueError(f"stage {name!r} is an EAGLE draft ({path}), which cannot be staged: each of its rows reads the "
                          "feature its previous row predicted, so checking k proposals takes k passes; give a standalone "
                          "draft model (speculative={'draft_model': PATH}, a model with the target's tokenizer) or 'target'")
-    return load_model_drafter(path, ctx, spec.draft_vocab)
+    return load_model_drafter(path, ctx, spec.draft_vocab, spec.draft_quant)
 
 
 def without(q: torch.Tensor, token: int) -> torch.Tensor:

@@ -114,6 +114,40 @@ _DEQUANT = {
 }
 
 
+def quantize_q4_0(x: np.ndarray) -> np.ndarray:
+    """float32 [..., 32 n] -> Q4_0 blocks [..., 18 n] uint8, by llama.cpp's reference rule
+    (quantize_row_q4_0_ref): per 32 values, d = (the value of largest magnitude) / -8 and
+    q = min(15, floor(x / d + 8.5)), so that value lands on q = 0 exactly."""
+    lead = x.shape[:-1]
+    x = np.asarray(x, dtype=np.float32).reshape(-1, QK)
+    at = np.abs(x).argmax(axis=-1)
+    d = x[np.arange(len(x)), at] / -8.0  # [n]
+    inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+    q = np.minimum(15, np.floor(x * inv[:, None] + 8.5)).astype(np.uint8)  # [n, 32], 0..15
+    out = np.empty((len(x), 2 + QK // 2), dtype=np.uint8)
+    out[:, :2] = d.astype(np.float16).reshape(-1, 1).view(np.uint8)
+    out[:, 2:] = q[:, :QK // 2] | (q[:, QK // 2:] << 4)
+    return out.reshape(*lead, -1)
+
+
+_QUANTIZE = {"Q4_0": quantize_q4_0}
+QUANTIZE_TYPES = tuple(_QUANTIZE)
+
+
+def bits_per_weight(type_name: str) -> float:
+    n, nbytes = BLOCK_LAYOUT[type_name]
+    return 8.0 * nbytes / n
+
+
+def requantize(raw: np.ndarray, type_name: str, shape: tuple[int, int], to: str) -> np.ndarray:
+    """A [rows, cols] tensor's blocks re-encoded as `to` (a name in QUANTIZE_TYPES), row by row
+    (bounded memory) -> [rows, bytes_per_row of `to`] uint8."""
+    rows = np.asarray(raw).view(np.uint8).reshape(shape[0], -1)
+    step = max(1, (1 << 22) // max(1, shape[1]))  # ~16 MB of float32 at a time
+    return np.concatenate([_QUANTIZE[to](dequantize(rows[i:i + step], type_name, (len(rows[i:i + step]), shape[1])))
+                           for i in range(0, shape[0], step)], axis=0)
+
+
 def dequantize(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> np.ndarray:
     """Raw tensor bytes (any shape, uint8 or the plain dtype) -> float32 array of `shape` (numpy order)."""
     if type_name not in BLOCK_LAYOUT:

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .quants import dequantize
+from .quants import QK, bits_per_weight, dequantize, requantize
 
 
 @dataclass
@@ -74,6 +74,18 @@ class QuantizedWeight:
     def permute_rows(self, order: np.ndarray) -> "QuantizedWeight":
         # Blocks run along a row, so reordering output rows never splits a block.
         return QuantizedWeight(self.type_name, self.raw[order], self.shape)
+
+
+def requantize_weights(weights: dict, to: str) -> dict:
+    """The weights with every blocked matrix wider than GGML type `to` (bits per weight) re-encoded as
+    `to` (its rows whole blocks of 32), the embedding excepted: a pass reads one row of it per token."""
+    out = {}
+    for name, w in weights.items():
+        if (isinstance(w, QuantizedWeight) and name != "embed" and w.shape[1] % QK == 0
+                and bits_per_weight(w.type_name) > bits_per_weight(to)):
+            w = QuantizedWeight(to, requantize(w.raw, w.type_name, w.shape, to), w.shape)
+        out[name] = w
+    return out
 
 
 def as_dense(w, dtype: torch.dtype = torch.float32) -> torch.Tensor:
