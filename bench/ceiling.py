@@ -11,7 +11,7 @@ tokens without draft passes, or rows per accepted token); bench/auto_ab.py measu
 
     python bench/ceiling.py [--k 3] [--prompts 8] [--per-category 2]  ->  bench/results/ceiling-<time>.md
     python bench/ceiling.py --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b --activations int8 \
-        --draft-vocab 65536    (the real pair, issue 40)
+        --draft-vocab 65536 --draft-quant q4_0    (the real pair, issue 40)
 
 For each prompt set it also prints the dearest draft pass (as a share of a one-row target pass, c)
 at which the measured acceptance would still reach each speedup: how much cheaper a draft must be.
@@ -60,10 +60,12 @@ def main():
     ap.add_argument("--model", default=None, help="default: the embedded model")
     ap.add_argument("--draft-model", default=None, help="default: the shipped draft")
     ap.add_argument("--draft-vocab", type=int, default=0, help="the draft head's reduced vocabulary (0: all of it)")
+    ap.add_argument("--draft-quant", default="none", help="the draft's wider weights re-encoded as this GGML type")
     ap.add_argument("--activations", default="fp32", choices=["fp32", "int8"])
     args = ap.parse_args()
     machine = cpu()
-    spec = {"method": "draft", "policy": "fixed", "draft_len": args.k, "fallback": False, "draft_vocab": args.draft_vocab}
+    spec = {"method": "draft", "policy": "fixed", "draft_len": args.k, "fallback": False, "draft_vocab": args.draft_vocab,
+            "draft_quant": args.draft_quant}
     if args.draft_model:
         spec["draft_model"] = args.draft_model
     llm = LLM(**({"model": args.model} if args.model else {}), activations=args.activations, kv_cache_gib=1.0,
@@ -89,7 +91,8 @@ def main():
     lines = [f"# Batch-1 chain speculation's ceiling on this CPU ({machine['cpu']}, {', '.join(machine['flags'])})", "",
              f"`python bench/ceiling.py --k {args.k} --prompts {args.prompts} --per-category {args.per_category}"
              + (f" --model {args.model}" if args.model else "") + (f" --draft-model {args.draft_model}" if args.draft_model else "")
-             + (f" --draft-vocab {args.draft_vocab}" if args.draft_vocab else "") + f" --activations {args.activations}`: "
+             + (f" --draft-vocab {args.draft_vocab}" if args.draft_vocab else "")
+             + (f" --draft-quant {args.draft_quant}" if args.draft_quant != "none" else "") + f" --activations {args.activations}`: "
              "bare target passes from the start-up calibration; "
              f"one draft pass {1e3 * t_draft:.2f} ms ({t_draft / t[1]:.3f} of a one-row pass).", "",
              "| draft tokens k | pass over 1 + k rows, ms | extra row / one-row pass | "

@@ -10,11 +10,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from .loading.quants import QUANTIZE_TYPES
 from .registry import ATTENTION, DRAFTERS, POLICIES, SHAPES, Registry
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ACTIVATIONS = ("fp32", "int8")  # what the GGUF block kernels dot the weights with
-DRAFT_QUANTS = ("none", "q4_0")  # what a draft model's wider GGML weights may be re-encoded as (loading/quants.py)
+# what a draft model's wider GGML weights may be re-encoded as (loading/quants.py)
+DRAFT_QUANTS = ("none",) + tuple(t.lower() for t in QUANTIZE_TYPES)
 
 
 def option(default: Any, help: str, *, flag: Optional[str] = None, parse: Optional[str] = None,
@@ -140,8 +142,9 @@ class SpeculativeConfig:
     # FR-Spec (drafters/vocab.py): a standalone draft model's head over the N most frequent tokens only
     draft_vocab: int = option(0, "a draft model's LM head over the N most frequent tokens only (FR-Spec; 0: all)")
     # A draft pass reads every weight once (memory-bound on CPU): re-encoded in fewer bits it costs less.
-    # Lossless whatever it does to the draft's acceptance: each draft token is verified by the target.
-    draft_quant: str = option("none", "re-encode a standalone draft model's weights wider than this GGML type as it "
+    # Lossless whatever it does to the draft's acceptance: each draft token is verified by the target
+    # (docs/decisions.md#draft-quant).
+    draft_quant: str = option("none", "re-encode a GGUF draft model's block weights wider than this GGML type as it "
                                       "(its embedding excepted): fewer bytes a draft pass reads", choices=DRAFT_QUANTS)
     policy: str = option("bass", "draft-length policy", choices=POLICIES)
     # Ragged verification attention: "split" (per sequence) or "pad" (one padded batch). "auto": split

@@ -79,9 +79,9 @@ def pays_catchup(rows: int, price: Optional[float], gain: float) -> bool:
     draft pays for the `rows` of catch-up it must run first (the tokens its KV has not seen: a whole
     prompt where it did not follow the prompt's chunks): rows * price <= gain, price being the tokens
     a catch-up row costs the batch (its seconds at the batch's plain tokens per second; None: not
-    known, it pays). Within one draft: past batch 1 the model drafts a sequence only now and then (its
-    free drafts win most steps, drafting stops and starts), and amortized over 4 drafts a prompt's
-    catch-up still cost auto 5-7% at batch 4 for a draft or two (docs/decisions.md#catchup-price)."""
+    known, it pays). Within one draft, not amortized over drafts to come: past batch 1 the model drafts
+    a sequence only now and then (its free drafts win most steps, drafting stops and starts), so the
+    drafts a catch-up would pay for mostly never come (docs/decisions.md#catchup-price)."""
     return price is None or rows * price <= gain
 
 
