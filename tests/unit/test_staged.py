@@ -153,10 +153,10 @@ def test_a_stage_may_be_a_known_models_name(monkeypatch):
     seen = []
     monkeypatch.setattr(staged, "resolve_model_path", lambda m: seen.append(m) or __file__)
     monkeypatch.setattr(staged, "_is_eagle", lambda p: False)
-    monkeypatch.setattr(staged, "load_model_drafter", lambda p, ctx, vocab: ("loaded", p))
+    monkeypatch.setattr(staged, "load_model_drafter", lambda p, ctx, vocab, quant: ("loaded", p))
     ctx = SimpleNamespace(target_path="unused")
-    assert staged._model_stage("draft", SimpleNamespace(draft_model=name, draft_vocab=0), ctx) == ("loaded", __file__)
-    assert staged._model_stage(name, SimpleNamespace(draft_model=None, draft_vocab=0), ctx) == ("loaded", __file__)
+    assert staged._model_stage("draft", SimpleNamespace(draft_model=name, draft_vocab=0, draft_quant="none"), ctx) == ("loaded", __file__)
+    assert staged._model_stage(name, SimpleNamespace(draft_model=None, draft_vocab=0, draft_quant="none"), ctx) == ("loaded", __file__)
     assert seen == [name, name]
     with pytest.raises(ValueError, match="no such model"):
         staged._model_stage("no-such-model", SimpleNamespace(draft_model=None), ctx)
