@@ -38,6 +38,9 @@ def build(spec, ctx: DrafterContext) -> Drafter:
     or directory that shares the target's tokenizer."""
     path = spec.draft_model or default_draft_path(ctx.target_path)
     if _is_eagle(path):
+        if spec.draft_quant != "none":
+            raise ValueError(f"draft_quant={spec.draft_quant!r} re-encodes a standalone GGUF draft model's blocks; "
+                             f"{path} is an EAGLE draft (dense weights): leave draft_quant at 'none'")
         from .eagle import EagleDrafter
         return EagleDrafter.load(path, ctx)
     return load_model_drafter(path, ctx, spec.draft_vocab, spec.draft_quant)

@@ -45,3 +45,8 @@ def test_a_q4_0_draft_reads_fewer_bytes_and_the_output_stays(pair, method):
         assert llm.spec_stats()["accepted"] > 0
     assert sizes["none"] - sizes["q4_0"] == matrices // 2  # 18 bytes a block of 32 instead of Q8_0's 34 (int8
     # activations run the blocks as stored)
+
+
+def test_an_eagle_draft_is_not_re_encoded_and_says_so():
+    with pytest.raises(ValueError, match="EAGLE draft"):
+        LLM(kv_cache_gib=0.01, speculative=dict(method="draft", draft_quant="q4_0"))  # the shipped EAGLE draft
