@@ -144,8 +144,8 @@ def requantize(raw: np.ndarray, type_name: str, shape: tuple[int, int], to: str)
     (bounded memory) -> [rows, bytes_per_row of `to`] uint8."""
     rows = np.asarray(raw).view(np.uint8).reshape(shape[0], -1)
     step = max(1, (1 << 22) // max(1, shape[1]))  # ~16 MB of float32 at a time
-    return np.concatenate([_QUANTIZE[to](dequantize(rows[i:i + step], type_name, (len(rows[i:i + step]), shape[1])))
-                           for i in range(0, shape[0], step)], axis=0)
+    chunks = (rows[i:i + step] for i in range(0, shape[0], step))
+    return np.concatenate([_QUANTIZE[to](dequantize(c, type_name, (len(c), shape[1]))) for c in chunks], axis=0)
 
 
 def dequantize(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> np.ndarray:

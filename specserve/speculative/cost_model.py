@@ -12,6 +12,9 @@ DRAFT_COST_GUESS = 0.1  # draft step / target step, before a draft step is measu
 # sequences whose drafts are accepted and slows the rest with longer steps, so the sequences that finish
 # first (most of the mean per-token latency) lose (docs/decisions.md#cost-model).
 DRAFTING_MARGIN = 1.05
+# A draft model's catch-up (or prefill) pass is timed per row from this many rows: in a shorter one the
+# pass's fixed cost (its weights read once) would be priced as rows.
+TIMED_CATCHUP_ROWS = 32
 # the yields key of plain steps that verified free drafts (lookups), apart from drafting steps' shapes
 FREE_SHAPE = "free"
 
@@ -122,7 +125,9 @@ class CostModel:
 
     def record_catchup(self, rows: int, seconds: float) -> None:
         """A draft model's pass over `rows` rows it had not seen (a prompt, or tokens decoded while it
-        did not draft) took `seconds`."""
+        did not draft) took `seconds` (passes under TIMED_CATCHUP_ROWS rows are not counted)."""
+        if rows < TIMED_CATCHUP_ROWS:
+            return
         new = seconds / rows
         self.catchup = new if self.catchup is None else (1 - self.ema) * self.catchup + self.ema * new
 

@@ -89,9 +89,6 @@ class DraftingStep:
 # How many extra rows a step's "could any draft pay?" check looks along the cost curve (two AVX-512
 # row groups past a batch of 16; the scan runs every step).
 MAX_PAYING_ROWS = 32
-# A draft model's catch-up (or prefill) pass is timed per row from this many rows: in a shorter one the
-# pass's fixed cost (its weights read once) would be priced as rows.
-TIMED_CATCHUP_ROWS = 32
 
 
 class SpeculativeDecoder:
@@ -259,7 +256,7 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         proposal: Proposal = self.drafter.propose(requests, k, min_confidence, self.tree if shape == "tree" else None)
         seconds = time.perf_counter() - t0
-        if proposal.catchup_rows >= TIMED_CATCHUP_ROWS and proposal.catchup_seconds:
+        if proposal.catchup_seconds:
             self.costs.record_catchup(proposal.catchup_rows, proposal.catchup_seconds)
         # Draft-model passes only: a step whose drafts all came from lookups ran none, and timing it as
         # draft steps would drag the per-step estimate (and so every drafting decision) towards zero.
@@ -333,8 +330,7 @@ class SpeculativeDecoder:
         if chunks:
             t0 = time.perf_counter()
             rows = self.drafter.prefill(chunks)
-            if rows >= TIMED_CATCHUP_ROWS:
-                self.costs.record_catchup(rows, time.perf_counter() - t0)
+            self.costs.record_catchup(rows, time.perf_counter() - t0)
 
     def _rows_can_pay(self, batch: int) -> bool:
         """CostModel.rows_can_pay over the rows the policy's draft length asks for at this batch size."""
