@@ -15,18 +15,28 @@ tokens without draft passes, or rows per accepted token); bench/auto_ab.py measu
 
 For each prompt set it also prints the dearest draft pass (as a share of a one-row target pass, c)
 at which the measured acceptance would still reach each speedup: how much cheaper a draft must be.
+
+Staged drafting (the MIT report's chain, speculative/hierarchy.chain_gain): the draft model itself
+sped up by a free proposer (prompt lookup, the n-gram model: microseconds a token) whose proposals the
+draft keeps with per-token acceptance alpha2, each round one draft pass over 1 + k2 rows (its own
+curve, timed here). The last table prints, per prompt set at the measured acceptance, the best staged
+chain at a few alpha2 against the best plain chain, and the least alpha2 for staged to reach 1.15x
+the plain chain: what the lower stage must deliver.
 """
 import argparse
 import time
 
 from specserve import LLM, SamplingParams
 from specserve.speculative import CostModel, calibrate
-from specserve.speculative.hierarchy import gain
+from specserve.speculative.hierarchy import Level, chain_gain, gain
+from specserve.types import Request
 from specserve_bench.humaneval import humaneval_problems
 from specserve_bench.machine import cpu
 from specserve_bench.spec_shapes import prompt_sets
 
 TARGETS = (1.0, 1.15, 1.3, 1.5)
+ALPHA2 = (0.3, 0.5, 0.7, 0.9)  # the lower stage's acceptance by the draft, for the staged table
+STAGED_OVER_CHAIN = 1.15  # issue 40: staged at least 1.15x plain draft-model speculation
 
 
 def speedup(alpha: float, k: int, t: dict, t_draft: float) -> float:
@@ -49,6 +59,42 @@ def max_c(target: float, alpha: float, ks, t: dict) -> str:
         if max(speedup(alpha, k, t, c100 / 100 * t[1]) for k in ks) >= target:
             return f"{c100 / 100:.2f}"
     return "none"
+
+
+def draft_curve(llm, rows, context: int = 128) -> dict:
+    """The draft model's pass over n rows after `context` tokens, every row's logits over the target's
+    vocabulary, as a staged level scores its helper's proposals (the fastest of three) -> {n: seconds}."""
+    d = llm.engine.speculator.drafter
+    r = Request("ceiling-draft-curve", [100 + i % 1000 for i in range(context)], SamplingParams(temperature=0))
+    if not d.reserve(r, context + max(rows)):
+        raise RuntimeError("the draft's KV cache has no room for the timing pass")
+    d.catch_up([r])
+    out = {}
+    for n in rows:
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            d.score([r], [[100] * n], [context], every_row=True, full_vocab=True)
+            best = min(best, time.perf_counter() - t0)
+        out[n] = best
+    d.release(r)
+    return out
+
+
+def staged_best(alpha: float, alpha2: float, ks, t: dict, t_draft: float, t2: dict) -> float:
+    """The best chain target <- draft <- a free proposer over k (target side) and k2 (the draft's span),
+    against regular decoding."""
+    return max(chain_gain([Level(alpha, t_draft / t[1], k, t[1 + k] / t[1]), Level(alpha2, 0.0, k2, t2[1 + k2] / t2[1])])
+               for k in ks for k2 in ks)
+
+
+def staged_needed(alpha: float, ks, t: dict, t_draft: float, t2: dict) -> str:
+    """The least alpha2 (to 0.01) at which the staged chain reaches STAGED_OVER_CHAIN x the best plain chain."""
+    plain = max(speedup(alpha, k, t, t_draft) for k in ks)
+    for a2 in range(0, 100):
+        if staged_best(alpha, a2 / 100, ks, t, t_draft, t2) >= STAGED_OVER_CHAIN * plain:
+            return f"{a2 / 100:.2f}"
+    return "none below 1"
 
 
 def main():
@@ -88,6 +134,7 @@ def main():
     ks = list(range(1, 9))
     t = curve.calibrated
     t_draft = costs.draft_step_seconds(1)
+    t2 = draft_curve(llm, range(1, 10))
     lines = [f"# Batch-1 chain speculation's ceiling on this CPU ({machine['cpu']}, {', '.join(machine['flags'])})", "",
              f"`python bench/ceiling.py --k {args.k} --prompts {args.prompts} --per-category {args.per_category}"
              + (f" --model {args.model}" if args.model else "") + (f" --draft-model {args.draft_model}" if args.draft_model else "")
@@ -109,6 +156,15 @@ def main():
     for name, a in alphas.items():
         lines.append(f"| {name} | {a:.3f} | {max(speedup(a, k, t, t_draft) for k in ks):.2f}x | "
                      + " | ".join(max_c(x, a, ks, t) for x in TARGETS[1:]) + " |")
+    lines += ["", "Staged: the draft sped up by a free proposer (its pass over 1 + k2 rows / one row: "
+              + ", ".join(f"{t2[1 + k] / t2[1]:.2f}" for k in (1, 2, 4, 8)) + " at k2 = 1, 2, 4, 8).", "",
+              "| prompts | plain chain's best | " + " | ".join(f"staged at alpha2 {a2}" for a2 in ALPHA2)
+              + f" | alpha2 for staged {STAGED_OVER_CHAIN}x the plain chain |",
+              "|---|---|" + "---|" * len(ALPHA2) + "---|"]
+    for name, a in alphas.items():
+        lines.append(f"| {name} | {max(speedup(a, k, t, t_draft) for k in ks):.2f}x | "
+                     + " | ".join(f"{staged_best(a, a2, ks, t, t_draft, t2):.2f}x" for a2 in ALPHA2)
+                     + f" | {staged_needed(a, ks, t, t_draft, t2)} |")
     path = f"{args.out}/ceiling-{time.strftime('%Y%m%d-%H%M%S')}.md"
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -91,6 +91,7 @@ def run_specserve(args, sets: dict, draft: str) -> dict:
         r = {"load_s": load_s}
         for set_name, prompts in sets.items():
             outs, paired, paired_e2e, steps, emitted = [], [], [], 0, 0.0
+            lower = [0.0, 0.0, 0]  # a staged draft's pair with its helper: alpha and k summed over prompts, prompts
             for p in prompts:
                 if spec is not None:
                     llm.reset_spec_stats()
@@ -99,6 +100,9 @@ def run_specserve(args, sets: dict, draft: str) -> dict:
                     st = llm.spec_stats()  # prompt right after, on the same engine
                     steps += st["target_steps"]
                     emitted += st["target_steps"] * st["tokens_per_target_step"]
+                    pairs = st.get("stages") or []
+                    if len(pairs) > 1 and pairs[1]["alpha"] is not None and pairs[1]["k"] is not None:
+                        lower = [lower[0] + pairs[1]["alpha"], lower[1] + pairs[1]["k"], lower[2] + 1]
                     reg = llm.generate(p, plain)[0]
                     paired.append(decode_rate(reg))
                     paired_e2e.append(e2e_rate(reg))
@@ -106,6 +110,8 @@ def run_specserve(args, sets: dict, draft: str) -> dict:
                            "e2e": [e2e_rate(o) for o in outs], "ttft": [o.outputs[0].time_to_first_token for o in outs]}
             if spec is not None:  # per set: emitted tokens per target step, and the paired regular rates
                 r[set_name].update(tokens_per_step=emitted / max(1, steps), regular_rates=paired, regular_e2e=paired_e2e)
+                if lower[2]:  # the lower stage's share of proposals kept, and proposals per draft pass (prompt means)
+                    r[set_name]["lower_stage"] = {"alpha": lower[0] / lower[2], "k": lower[1] / lower[2]}
         if spec is not None:
             r["stats"] = {"c": llm.spec_stats().get("c")}  # from the whole run's timings
             d = llm.engine.speculator.drafter
@@ -215,6 +221,11 @@ def markdown(r: dict) -> str:
             lines.append(f"- {s}: specserve's best ({best_ours[1]}, {best_ours[0]:.1f} tok/s) is "
                          f"{best_ours[0] / best_lcpp[0]:.2f}x llama.cpp's best speculative ({best_lcpp[1]}, {best_lcpp[0]:.1f} tok/s)")
     for name, m in r["specserve"].items():
+        low = {s: m[s]["lower_stage"] for s in sets if "lower_stage" in m[s]}
+        if low:
+            lines.append(f"- {name}: the draft kept its lower stage's proposals at " + ", ".join(
+                f"{v['alpha']:.2f} on {s} ({v['k']:.2f} proposals per draft pass)" for s, v in low.items())
+                + " (means over the prompts)")
         if "vocab_coverage" in m:
             lines.append(f"- {name}: the reduced head's {r['draft_vocab']} tokens hold {m['vocab_coverage']:.1%} of "
                          "regular decoding's output tokens")

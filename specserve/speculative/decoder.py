@@ -272,14 +272,16 @@ class SpeculativeDecoder:
             self.stats.draft_seconds += seconds
             if self._step is not None:
                 # A steady drafting step's cost plus the catch-up it paid beyond a steady step's rows
-                # (a prompt the draft did not follow, tokens decoded while it did not draft): paid once,
-                # but paid by this step; left out, auto drafted at batch 4-8 where every catch-up of a
-                # prompt cost more than the drafts gave (docs/decisions.md#catchup-price). Lookups cost
-                # what they took.
+                # (a prompt the draft did not follow): paid once, but paid by this step; left out, auto
+                # drafted at batch 4-8 where every catch-up of a prompt cost more than the drafts gave
+                # (docs/decisions.md#catchup-price). Not a probe's: its catch-up of the plain steps
+                # before it is the one-off of switching drafting back on, and paid by the probe it kept
+                # drafting off for good (docs/decisions.md#probe-catchup). Lookups cost what they took.
                 if passes:
                     t = self.costs.draft_step_seconds(model_batch)
                     t = t if t is not None else DRAFT_COST_GUESS * self.costs.step_seconds(1)
-                    self._step.draft_seconds = passes * t + (0.0 if steady else max(0.0, proposal.catchup_seconds - t))
+                    once = 0.0 if steady or self._step.probe else max(0.0, proposal.catchup_seconds - t)
+                    self._step.draft_seconds = passes * t + once
                 else:
                     self._step.draft_seconds = seconds
         drafts = [within(d, n) for d, n in zip(proposal.drafts, room)]

@@ -2,7 +2,8 @@
 while it did not draft) is priced: the cost model measures its seconds per row and converts them to
 the tokens a row costs the batch; the automatic drafter runs the model for a sequence only where its
 draft is expected to give more than its catch-up costs; a drafting step's measured yield pays the
-catch-up it ran (docs/decisions.md#catchup-price)."""
+catch-up it ran, but for a probe's catch-up of the plain steps before it, a one-off of switching
+drafting back on (docs/decisions.md#catchup-price, #probe-catchup)."""
 import itertools
 
 import pytest
@@ -117,3 +118,26 @@ def test_the_decoder_tells_the_drafter_the_batch_price():
         spec.costs.record_target(2, 20e-3, batch=2)
     spec.propose([_decoding("a"), _decoding("b")])
     assert drafter.prices == [pytest.approx(1e-3 * 2 / 20e-3)]
+
+
+def test_a_probe_does_not_pay_the_catchup_of_the_plain_steps_before_it():
+    """The first drafting step after a run of plain steps (a probe) catches the draft up on the tokens
+    they decoded. Paid by the probe's yield, every probe looked to lose (16 plain steps' catch-up cost
+    about a target step at batch 1), so drafting, once off, stayed off: 112 plain steps of 119 on a
+    chat prompt. The probe's yield is a steady step's: two draft passes, no catch-up."""
+    spec = SpeculativeDecoder(CatchingUp(0.05), lambda: make_policy("fixed", 2))
+    for rows, t in [(1, 10e-3), (2, 11e-3), (3, 11.5e-3), (4, 12e-3), (8, 14e-3), (16, 18e-3)]:
+        spec.costs.record_calibration(rows, t)
+    spec.costs.record_draft(1, 1e-3)
+    for _ in range(3):
+        spec.costs.record_target(1, 10e-3, batch=1)
+    spec.costs.record_yield(1, 1.0, 5e-3, 20e-3)  # drafting measured to lose: plain steps follow
+    r = _decoding("a")
+    for _ in range(spec.retry_every):
+        assert spec.propose([r]) == {}
+        spec.record_step(1, 10e-3, 10e-3, 1, 1, 1)
+    assert spec.propose([r])["a"].tokens == [1, 2]  # the probe
+    spec.record_step(3, 20e-3, 18e-3, 1, 1, 2)
+    t = spec.costs.draft_step_seconds(1)
+    tokens, t_draft, t_step = spec.costs.yields[1, "chain"]
+    assert t_draft == pytest.approx(0.5 * 5e-3 + 0.5 * 2 * t)  # a probe weighs 0.5; its catch-up left out
