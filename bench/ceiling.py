@@ -28,7 +28,7 @@ import time
 
 from specserve import LLM, SamplingParams
 from specserve.speculative import CostModel, calibrate
-from specserve.speculative.hierarchy import Level, chain_gain, gain
+from specserve.speculative.hierarchy import Level, chain_gain
 from specserve.types import Request
 from specserve_bench.humaneval import humaneval_problems
 from specserve_bench.machine import cpu
@@ -39,10 +39,15 @@ ALPHA2 = (0.3, 0.5, 0.7, 0.9)  # the lower stage's acceptance by the draft, for 
 STAGED_OVER_CHAIN = 1.15  # issue 40: staged at least 1.15x plain draft-model speculation
 
 
+def top_level(alpha: float, k: int, t: dict, t_draft: float) -> Level:
+    """The target's pair with the draft: c and the verify pass v measured against a one-row pass."""
+    return Level(alpha, t_draft / t[1], k, t[1 + k] / t[1])
+
+
 def speedup(alpha: float, k: int, t: dict, t_draft: float) -> float:
     """Tokens per second of a k-token chain at acceptance alpha, over regular decoding's (batch 1):
-    Leviathan's gain with c and the verify pass v measured against a one-row pass."""
-    return gain(alpha, t_draft / t[1], k, v=t[1 + k] / t[1])
+    Leviathan's gain of the target's pair."""
+    return chain_gain([top_level(alpha, k, t, t_draft)])
 
 
 def needed(target: float, ks, t: dict, t_draft: float) -> str:
@@ -84,7 +89,7 @@ def draft_curve(llm, rows, context: int = 128) -> dict:
 def staged_best(alpha: float, alpha2: float, ks, t: dict, t_draft: float, t2: dict) -> float:
     """The best chain target <- draft <- a free proposer over k (target side) and k2 (the draft's span),
     against regular decoding."""
-    return max(chain_gain([Level(alpha, t_draft / t[1], k, t[1 + k] / t[1]), Level(alpha2, 0.0, k2, t2[1 + k2] / t2[1])])
+    return max(chain_gain([top_level(alpha, k, t, t_draft), Level(alpha2, 0.0, k2, t2[1 + k2] / t2[1])])
                for k in ks for k2 in ks)
 
 

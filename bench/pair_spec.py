@@ -91,7 +91,7 @@ def run_specserve(args, sets: dict, draft: str) -> dict:
         r = {"load_s": load_s}
         for set_name, prompts in sets.items():
             outs, paired, paired_e2e, steps, emitted = [], [], [], 0, 0.0
-            lower = [0.0, 0.0, 0]  # a staged draft's pair with its helper: alpha and k summed over prompts, prompts
+            lower = []  # per prompt, a staged draft's pair with its helper: (alpha, proposals per pass)
             for p in prompts:
                 if spec is not None:
                     llm.reset_spec_stats()
@@ -102,7 +102,7 @@ def run_specserve(args, sets: dict, draft: str) -> dict:
                     emitted += st["target_steps"] * st["tokens_per_target_step"]
                     pairs = st.get("stages") or []
                     if len(pairs) > 1 and pairs[1]["alpha"] is not None and pairs[1]["k"] is not None:
-                        lower = [lower[0] + pairs[1]["alpha"], lower[1] + pairs[1]["k"], lower[2] + 1]
+                        lower.append((pairs[1]["alpha"], pairs[1]["k"]))
                     reg = llm.generate(p, plain)[0]
                     paired.append(decode_rate(reg))
                     paired_e2e.append(e2e_rate(reg))
@@ -110,8 +110,9 @@ def run_specserve(args, sets: dict, draft: str) -> dict:
                            "e2e": [e2e_rate(o) for o in outs], "ttft": [o.outputs[0].time_to_first_token for o in outs]}
             if spec is not None:  # per set: emitted tokens per target step, and the paired regular rates
                 r[set_name].update(tokens_per_step=emitted / max(1, steps), regular_rates=paired, regular_e2e=paired_e2e)
-                if lower[2]:  # the lower stage's share of proposals kept, and proposals per draft pass (prompt means)
-                    r[set_name]["lower_stage"] = {"alpha": lower[0] / lower[2], "k": lower[1] / lower[2]}
+                if lower:  # the lower stage's share of proposals kept, and proposals per draft pass (prompt means)
+                    r[set_name]["lower_stage"] = {"alpha": statistics.mean(a for a, _ in lower),
+                                                  "k": statistics.mean(k for _, k in lower)}
         if spec is not None:
             r["stats"] = {"c": llm.spec_stats().get("c")}  # from the whole run's timings
             d = llm.engine.speculator.drafter

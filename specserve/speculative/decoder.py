@@ -275,8 +275,9 @@ class SpeculativeDecoder:
                 # (a prompt the draft did not follow): paid once, but paid by this step; left out, auto
                 # drafted at batch 4-8 where every catch-up of a prompt cost more than the drafts gave
                 # (docs/decisions.md#catchup-price). Not a probe's: its catch-up of the plain steps
-                # before it is the one-off of switching drafting back on, and paid by the probe it kept
-                # drafting off for good (docs/decisions.md#probe-catchup). Lookups cost what they took.
+                # before it is the one-off of switching drafting back on; charged to the probe, it made
+                # every probe lose and kept drafting off for good (docs/decisions.md#probe-catchup).
+                # Lookups cost what they took.
                 if passes:
                     t = self.costs.draft_step_seconds(model_batch)
                     t = t if t is not None else DRAFT_COST_GUESS * self.costs.step_seconds(1)
