@@ -160,7 +160,10 @@ def test_a_client_that_hangs_up_has_its_request_aborted_on_the_replica(cluster, 
         cluster.poll()
         return beta.stats.running == 0 and beta.stats.kv_blocks_used == 0
     wait_for(idle, 30, "the replica's request aborted and its blocks freed")
-    assert beta.stats.steps - steps < (CONTEXT - 40) // 2, "the replica stopped long before the request's end"
+    # Stopped before the request's end: the hang-up crosses the router and the Ray actor while the replica
+    # decodes the tiny model's steps in milliseconds, so how far it got is the VM's timing (half the
+    # request in most runs, 164 of 216 steps in one CI run); a request that was not aborted runs them all.
+    assert beta.stats.steps - steps < CONTEXT - 40, "the replica ran the request to its end"
 
 
 def test_a_replica_killed_mid_stream_fails_only_its_own_streams(cluster, port):
