@@ -83,8 +83,28 @@ inline void sub_block(int t, const uint8_t* b, int s, uint8_t* u, float* ws, flo
 }
 
 // Row r of x [M, K] quantised: q [K] int8, d [K/32] (scale per 32), s16 [K/16] (sums of q per 16),
-// xs [K/32] (d times the sum of q per 32: the min term's activation).
-inline void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int32_t* s16, float* xs) {
+// xs [K/32] (d times the sum of q per 32: the min term's activation), n16 [K/16] and n32 [K/32] (minus the
+// sums of q per 16 and 32: the VNNI build starts a sub-block's integer sum at -off sum q, off a power of two).
+struct RowOut {  // where quantize_row writes one row
+  int8_t* q;
+  float* d;
+  int32_t* s16;
+  float* xs;
+  int32_t* n16;
+  int32_t* n32;
+  // block b's scale and its two sums of q per 16
+  void sums(int64_t b, float db, int32_t s0, int32_t s1) const {
+    d[b] = db;
+    s16[2 * b] = s0;
+    s16[2 * b + 1] = s1;
+    xs[b] = db * static_cast<float>(s0 + s1);
+    n16[2 * b] = -s0;
+    n16[2 * b + 1] = -s1;
+    n32[b] = -(s0 + s1);
+  }
+};
+
+inline void quantize_row(const float* x, int64_t K, const RowOut& o) {
   for (int64_t b = 0; b < K / 32; ++b) {
     float amax = 0.0f;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[32 * b + j]));
@@ -92,13 +112,42 @@ inline void quantize_row(const float* x, int64_t K, int8_t* q, float* d, int32_t
     int32_t s[2] = {0, 0};
     for (int j = 0; j < 32; ++j) {
       const int v = static_cast<int>(std::nearbyint(x[32 * b + j] * id));
-      q[32 * b + j] = static_cast<int8_t>(v);
+      o.q[32 * b + j] = static_cast<int8_t>(v);
       s[j / 16] += v;
     }
-    d[b] = db;
-    s16[2 * b] = s[0];
-    s16[2 * b + 1] = s[1];
-    xs[b] = db * static_cast<float>(s[0] + s[1]);
+    o.sums(b, db, s[0], s[1]);
+  }
+}
+
+// quantize_row 8 lanes at a time, for the fast builds: the same IEEE steps (the max of |x| with NaNs
+// passed over as std::max does, one division, one reciprocal, a product rounded to nearest even, the
+// low byte kept), so the same bits. The scalar loop cost a fifth of a 16-row product.
+inline void quantize_row_avx2(const float* x, int64_t K, const RowOut& o) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                             0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  auto hsum = [](__m256i v) {
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1)));
+  };
+  for (int64_t b = 0; b < K / 32; ++b) {
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + 32 * b + 8 * i);
+      m = _mm256_max_ps(_mm256_andnot_ps(sign, v[i]), m);  // a NaN in |x| leaves m as it was
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float db = _mm_cvtss_f32(h) / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+    __m256i qi[4];
+    for (int i = 0; i < 4; ++i) {
+      qi[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(id)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      const __m256i lo = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(qi[i], low_bytes), _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(o.q + 32 * b + 8 * i), _mm256_castsi256_si128(lo));
+    }
+    o.sums(b, db, hsum(_mm256_add_epi32(qi[0], qi[1])), hsum(_mm256_add_epi32(qi[2], qi[3])));
   }
 }
 
@@ -108,11 +157,15 @@ struct Acts {
   const float* d;
   const int32_t* s16;
   const float* xs;
+  const int32_t* n16;
+  const int32_t* n32;
   int64_t K;
   const int8_t* qr(int64_t r) const { return q + r * K; }
   const float* dr(int64_t r) const { return d + r * (K / 32); }
   const int32_t* sr(int64_t r) const { return s16 + r * (K / 16); }
   const float* xsr(int64_t r) const { return xs + r * (K / 32); }
+  const int32_t* n16r(int64_t r) const { return n16 + r * (K / 16); }
+  const int32_t* n32r(int64_t r) const { return n32 + r * (K / 32); }
 };
 
 // One packed segment: groups of 16 output columns, each a run of K / block_elems packed blocks of

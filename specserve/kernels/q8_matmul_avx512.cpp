@@ -26,6 +26,8 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+constexpr int log2(int v) { return v <= 1 ? 0 : 1 + log2(v / 2); }
+
 template <int R>
 struct Tile {
   const int8_t* q[R];  // each row's quantised activations
@@ -40,19 +42,14 @@ __attribute__((always_inline)) inline void dot(__m512i u, int64_t e, const Tile<
   for (int r = 0; r < R; ++r) isum[r] = _mm512_dpbusd_epi32(isum[r], u, bcast4(tl.q[r] + e));
 }
 
-// The sub-block of G values at element e0 of the row ends: y = fma(isum - off qsum, ws d, y) (+ wm xs).
-template <int R, int G, int OFF, bool MIN>
+// The sub-block at element e0 of the row ends: y = fma(isum, ws d, y) (+ wm xs).
+template <int R, bool MIN>
 __attribute__((always_inline)) inline void finish(const __m512i isum[R], int64_t e0, __m512 ws, __m512 wm, const Acts& a,
                                                   Tile<R>& tl) {
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const int64_t row = tl.r0 + r;
-    __m512i s = isum[r];
-    if constexpr (OFF != 0) {
-      const int32_t* s16 = a.sr(row) + e0 / 16;
-      s = _mm512_sub_epi32(s, _mm512_set1_epi32(OFF * (G == 32 ? s16[0] + s16[1] : s16[0])));
-    }
-    tl.y[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_set1_ps(a.dr(row)[e0 / 32])), tl.y[r]);
+    tl.y[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(ws, _mm512_set1_ps(a.dr(row)[e0 / 32])), tl.y[r]);
     if constexpr (MIN) tl.y[r] = _mm512_fmadd_ps(wm, _mm512_set1_ps(a.xsr(row)[e0 / 32]), tl.y[r]);
   }
 }
@@ -61,6 +58,17 @@ template <int R>
 inline void zero(__m512i v[R]) {
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) v[r] = _mm512_setzero_si512();
+}
+
+// A sub-block of G values at element e0 starts: isum = -OFF (the row's sum of q over it), exact (the
+// sums are the quantiser's, negated; OFF is a power of two).
+template <int R, int G, int OFF>
+__attribute__((always_inline)) inline void start(int64_t e0, const Acts& a, const Tile<R>& tl, __m512i isum[R]) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const int32_t n = G == 32 ? a.n32r(tl.r0 + r)[e0 / 32] : a.n16r(tl.r0 + r)[e0 / 16];
+    isum[r] = _mm512_slli_epi32(_mm512_set1_epi32(n), log2(OFF));
+  }
 }
 
 // One packed block (16 columns' file blocks) at element e of the rows, for the tile's rows.
@@ -94,7 +102,7 @@ __attribute__((always_inline)) inline void block(const uint8_t* p, int64_t e, co
       for (int h = 0; h < 2; ++h) {
         const int s = 2 * j + h;
         const __m512 ws = _mm512_mul_ps(d, byte(sc[s / 4], s)), wm = _mm512_xor_ps(_mm512_mul_ps(dmin, byte(mn[s / 4], s)), _mm512_set1_ps(-0.0f));
-        finish<R, 32, 0, true>(h ? hi : isum, e + 32 * s, ws, wm, a, tl);
+        finish<R, true>(h ? hi : isum, e + 32 * s, ws, wm, a, tl);
       }
     }
   } else if constexpr (T == Q6_K) {
@@ -106,8 +114,8 @@ __attribute__((always_inline)) inline void block(const uint8_t* p, int64_t e, co
 #pragma GCC unroll 2
     for (int s = 0; s < 16; ++s) {
       const __m512i l0 = load(lo + 128 * s), l1 = load(lo + 128 * s + 64), h = load(hb + 64 * s);
-      zero<R>(isum);
       const int64_t e0 = e + 16 * s;
+      start<R, 16, 32>(e0, a, tl, isum);
       dot<R>(_mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_and_si512(_mm512_slli_epi16(h, 4), top)), e0, tl, isum);
       dot<R>(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4), _mm512_and_si512(_mm512_slli_epi16(h, 2), top)),
              e0 + 4, tl, isum);
@@ -115,20 +123,21 @@ __attribute__((always_inline)) inline void block(const uint8_t* p, int64_t e, co
       dot<R>(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4), _mm512_and_si512(_mm512_srli_epi16(h, 2), top)),
              e0 + 12, tl, isum);
       const __m512 ws = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * s)))));
-      finish<R, 16, 32, false>(isum, e0, ws, ws, a, tl);
+      finish<R, false>(isum, e0, ws, ws, a, tl);
     }
   } else if constexpr (T == Q8_0) {
-    zero<R>(isum);
+    start<R, 32, 128>(e, a, tl, isum);
 #pragma GCC unroll 8
     for (int k = 0; k < 8; ++k) dot<R>(load(p + 32 + 64 * k), e + 4 * k, tl, isum);
-    finish<R, 32, 128, false>(isum, e, halfs(p), halfs(p), a, tl);
+    finish<R, false>(isum, e, halfs(p), halfs(p), a, tl);
   } else {  // Q4_0 / Q4_1 / Q5_0 / Q5_1
     constexpr bool five = T == Q5_0 || T == Q5_1, mn = T == Q4_1 || T == Q5_1;
     const __m512 ws = halfs(p), wm = mn ? halfs(p + 32) : ws;
     const uint8_t* masks = p + (mn ? 64 : 32);
     const uint8_t* v = masks + (five ? 64 : 0);
     const __m512i sixteen = _mm512_set1_epi8(0x10);
-    zero<R>(isum);
+    if constexpr (offset(T) != 0) start<R, 32, offset(T)>(e, a, tl, isum);
+    else zero<R>(isum);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
       const __m512i x = load(v + 64 * k);
@@ -143,7 +152,7 @@ __attribute__((always_inline)) inline void block(const uint8_t* p, int64_t e, co
       dot<R>(lo, e + 4 * k, tl, isum);
       dot<R>(hi, e + 16 + 4 * k, tl, isum);
     }
-    finish<R, 32, offset(T), mn>(isum, e, ws, wm, a, tl);
+    finish<R, mn>(isum, e, ws, wm, a, tl);
   }
 }
 

@@ -46,6 +46,18 @@ def test_each_build_gives_the_references_bits(type_name, M, build):
         assert torch.equal(iw.matmul(x), iw.reference(x)), (type_name, k)
 
 
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0"])
+def test_the_fast_quantiser_rounds_halves_to_even_as_the_plain_one(type_name, build):
+    """Activations exactly halfway between two steps (absmax 127: a step of 1, values k + 0.5): the fast
+    builds' vector quantiser must round them as the reference's nearbyint (to even), or their bits part."""
+    k = widths(type_name)[-1]
+    iw = kernels.Int8Weight([weight(type_name, 32, k, seed=7)])
+    halves = torch.arange(k, dtype=torch.float32).remainder(120) - 59.5  # -59.5 .. 59.5, every one a tie
+    halves[::32] = 127.0  # each block's absmax: d = 1
+    x = torch.stack([halves, -halves, halves.roll(32)])
+    assert torch.equal(iw.matmul(x), iw.reference(x))
+
+
 @pytest.mark.parametrize("type_name", TYPES)
 def test_within_the_quantisation_bound_of_dense_fp32(type_name):
     for k in widths(type_name):
