@@ -22,6 +22,17 @@ draft keeps with per-token acceptance alpha2, each round one draft pass over 1 +
 curve, timed here). The last table prints, per prompt set at the measured acceptance, the best staged
 chain at a few alpha2 against the best plain chain, and the least alpha2 for staged to reach 1.15x
 the plain chain: what the lower stage must deliver.
+
+Batches (--batches 8,16; issue 37 asks 1.3x at batch 8): B sequences drafting k tokens each make one
+target pass over B (1 + k) rows, plus k draft passes over B rows for the draft model (nothing for a
+free drafter), for B (1 - alpha^(k+1)) / (1 - alpha) tokens against regular decoding's B tokens per pass
+over B rows:
+
+    gain(alpha, k, B) = E(alpha, k) T(B) / (T(B (1 + k)) + k D(B)),   E = (1 - alpha^(k+1)) / (1 - alpha)
+
+with T the target's calibrated curve and D the draft's. The table prints, per batch, the least
+acceptance that reaches each speedup with the best k, for a free drafter and for the draft model, and
+the gain at the draft model's measured acceptance.
 """
 import argparse
 import time
@@ -102,6 +113,39 @@ def staged_needed(alpha: float, ks, t: dict, t_draft: float, t2: dict) -> str:
     return "none below 1"
 
 
+BATCH_KS = (1, 2, 3, 4)
+
+
+def batch_gain(alpha: float, k: int, b: int, t: dict, d: dict) -> float:
+    """Tokens per second of B sequences drafting k tokens each at acceptance alpha, over regular
+    decoding's at batch B (d: the draft's pass over B rows, {} for a free drafter)."""
+    tokens = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
+    return tokens * t[b] / (t[b * (1 + k)] + k * d.get(b, 0.0))
+
+
+def batch_needed(target: float, b: int, t: dict, d: dict) -> str:
+    """The least acceptance (to 0.01) at which some k reaches `target` at batch b."""
+    for a in range(0, 101):
+        if max(batch_gain(a / 100, k, b, t, d) for k in BATCH_KS) >= target:
+            return f"{a / 100:.2f}"
+    return "none"
+
+
+def batch_table(batches, t: dict, d: dict, alphas: dict) -> list[str]:
+    lines = ["", "Batches: a pass over B (1 + k) rows / over B rows, and the acceptance each speedup needs "
+             "(best k of " + ", ".join(map(str, BATCH_KS)) + "; free: a drafter that costs nothing; draft: the "
+             "draft model's k passes over B rows).", "",
+             "| B | pass over B rows, ms | " + " | ".join(f"k={k}" for k in BATCH_KS) + " | "
+             + " | ".join(f"alpha for {x}x free / draft" for x in TARGETS[1:]) + " | "
+             + " | ".join(f"draft at {name}'s {a:.3f}" for name, a in alphas.items()) + " |",
+             "|---|---|" + "---|" * (len(BATCH_KS) + len(TARGETS) - 1 + len(alphas))]
+    for b in batches:
+        lines.append(f"| {b} | {1e3 * t[b]:.1f} | " + " | ".join(f"{t[b * (1 + k)] / t[b]:.2f}" for k in BATCH_KS) + " | "
+                     + " | ".join(f"{batch_needed(x, b, t, {})} / {batch_needed(x, b, t, d)}" for x in TARGETS[1:]) + " | "
+                     + " | ".join(f"{max(batch_gain(a, k, b, t, d) for k in BATCH_KS):.2f}x" for a in alphas.values()) + " |")
+    return lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--k", type=int, default=3, help="the fixed draft length the acceptance is measured at")
@@ -113,7 +157,9 @@ def main():
     ap.add_argument("--draft-vocab", type=int, default=0, help="the draft head's reduced vocabulary (0: all of it)")
     ap.add_argument("--draft-quant", default="none", help="the draft's wider weights re-encoded as this GGML type")
     ap.add_argument("--activations", default="fp32", choices=["fp32", "int8"])
+    ap.add_argument("--batches", default="", help="batch sizes for the batch table, e.g. 8,16 (none: batch 1 only)")
     args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",") if b]
     machine = cpu()
     spec = {"method": "draft", "policy": "fixed", "draft_len": args.k, "fallback": False, "draft_vocab": args.draft_vocab,
             "draft_quant": args.draft_quant}
@@ -134,17 +180,19 @@ def main():
         alphas[name] = s.accepted / max(1, s.accepted + s.rejections)  # the geometric model's estimate
     # bare passes over 1 .. 9 rows, the fastest of three each, as the engine calibrates at start-up
     curve, eng = CostModel(), llm.engine
+    rows = sorted(set(range(1, 10)) | {b * (1 + k) for b in batches for k in (0, *BATCH_KS)})
     calibrate(curve, eng.model, eng.kv, eng.scheduler.blocks, eng.runner.attention, eng.runner.plain_attention,
-              max_rows=9, rows=tuple(range(1, 10)))
+              max_rows=max(rows), rows=tuple(rows))
     ks = list(range(1, 9))
     t = curve.calibrated
     t_draft = costs.draft_step_seconds(1)
-    t2 = draft_curve(llm, range(1, 10))
+    t2 = draft_curve(llm, sorted(set(range(1, 10)) | set(batches)))
     lines = [f"# Batch-1 chain speculation's ceiling on this CPU ({machine['cpu']}, {', '.join(machine['flags'])})", "",
              f"`python bench/ceiling.py --k {args.k} --prompts {args.prompts} --per-category {args.per_category}"
              + (f" --model {args.model}" if args.model else "") + (f" --draft-model {args.draft_model}" if args.draft_model else "")
              + (f" --draft-vocab {args.draft_vocab}" if args.draft_vocab else "")
-             + (f" --draft-quant {args.draft_quant}" if args.draft_quant != "none" else "") + f" --activations {args.activations}`: "
+             + (f" --draft-quant {args.draft_quant}" if args.draft_quant != "none" else "") + f" --activations {args.activations}"
+             + (f" --batches {args.batches}" if batches else "") + "`: "
              "bare target passes from the start-up calibration; "
              f"one draft pass {1e3 * t_draft:.2f} ms ({t_draft / t[1]:.3f} of a one-row pass).", "",
              "| draft tokens k | pass over 1 + k rows, ms | extra row / one-row pass | "
@@ -170,6 +218,8 @@ def main():
         lines.append(f"| {name} | {max(speedup(a, k, t, t_draft) for k in ks):.2f}x | "
                      + " | ".join(f"{staged_best(a, a2, ks, t, t_draft, t2):.2f}x" for a2 in ALPHA2)
                      + f" | {staged_needed(a, ks, t, t_draft, t2)} |")
+    if batches:
+        lines += batch_table(batches, t, {b: t2[b] for b in batches}, alphas)
     path = f"{args.out}/ceiling-{time.strftime('%Y%m%d-%H%M%S')}.md"
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
