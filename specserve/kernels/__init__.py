@@ -206,10 +206,10 @@ class BlockWeight:
         return self.qs.numel() + 4 * (self.scales.numel() + self.mins.numel())
 
 
-class GgufWeight:
-    """A [N, K] weight in GGUF's own blocks, read in place by gguf_matmul.cpp: the rows of one or more
-    QuantizedWeights (q, k and v of a layer, each in its own type), whose raw bytes are views of the
-    mmap'd model file. Nothing is copied or regrouped, so the model costs its file's bytes."""
+class _GgufSegments:
+    """A [N, K] weight in GGUF's own blocks: the rows of one or more QuantizedWeights (q, k and v of a
+    layer, each in its own type) stacked, their raw bytes views of the mmap'd model file (never
+    written). What the in-place build (GgufWeight) and the int8 one (Int8Weight) share."""
 
     def __init__(self, weights: list):
         from ..loading.gguf_file import GGML_TYPE_IDS
@@ -221,12 +221,33 @@ class GgufWeight:
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             self.raws = [torch.from_numpy(w.raw) for w in weights]  # [N_i, bytes per row] u8 each
         self.type_ids = [GGML_TYPE_IDS[t] for t in self.type_names]
-        self.types = torch.tensor(self.type_ids, dtype=torch.int64)  # as the fused layer's parts carry them
-        self.packed = None  # no AMX copy: every pass runs on the AVX builds (so no row limit either)
 
     @staticmethod
     def supports(type_name: str) -> bool:
         return type_name in GGUF_TYPES
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense [N, K] float32 weight (bit-identical to the GGUF dequantisation)."""
+        return torch.cat([_ext.gguf_dequantize_rows(r, t, torch.arange(r.shape[0]), self.shape[1])
+                          for r, t in zip(self.raws, self.type_ids)])
+
+    def select_rows(self, ids: torch.Tensor):
+        """The same kind of weight over some rows only (a reduced-vocabulary head cut from a one-segment
+        head: a copy of those rows' blocks)."""
+        from ..loading.weights import QuantizedWeight
+        assert len(self.raws) == 1, "row selection is for a single head"
+        raw = self.raws[0][ids.to(torch.int64)].numpy()
+        return type(self)([QuantizedWeight(self.type_names[0], raw, (len(ids), self.shape[1]))])
+
+
+class GgufWeight(_GgufSegments):
+    """Read in place by gguf_matmul.cpp: nothing is copied or regrouped, so the model costs its file's
+    bytes."""
+
+    def __init__(self, weights: list):
+        super().__init__(weights)
+        self.types = torch.tensor(self.type_ids, dtype=torch.int64)  # as the fused layer's parts carry them
+        self.packed = None  # no AMX copy: every pass runs on the AVX builds (so no row limit either)
 
     def parts(self) -> list[torch.Tensor]:
         """[raw_0 .. raw_k-1, types] as block_linear and the fused decoder layer take them."""
@@ -240,19 +261,6 @@ class GgufWeight:
         """Dequantised rows [len(ids), K] of a one-segment weight (an embedding lookup)."""
         assert len(self.raws) == 1, "row lookups are for a single table"
         return _ext.gguf_dequantize_rows(self.raws[0], self.type_ids[0], ids.to(torch.int64), self.shape[1])
-
-    def dequantize(self) -> torch.Tensor:
-        """The dense [N, K] float32 weight (bit-identical to the GGUF dequantisation)."""
-        return torch.cat([_ext.gguf_dequantize_rows(r, t, torch.arange(r.shape[0]), self.shape[1])
-                          for r, t in zip(self.raws, self.type_ids)])
-
-    def select_rows(self, ids: torch.Tensor) -> "GgufWeight":
-        """A GgufWeight of some rows only (a reduced-vocabulary head cut from a one-segment head: a copy
-        of those rows' blocks)."""
-        from ..loading.weights import QuantizedWeight
-        assert len(self.raws) == 1, "row selection is for a single head"
-        raw = self.raws[0][ids.to(torch.int64)].numpy()
-        return GgufWeight([QuantizedWeight(self.type_names[0], raw, (len(ids), self.shape[1]))])
 
     @property
     def nbytes(self) -> int:
@@ -286,32 +294,20 @@ def _libc():
     return libc
 
 
-class Int8Weight:
-    """A [N, K] weight in GGUF blocks for the int8-activation mode (q8_matmul.cpp): each segment (q, k and
-    v of a layer, each in its own type) regrouped once by q8_pack into groups of 16 output columns, the
-    same bytes per block as the file, run by the AVX-512 VNNI build or the AVX2 one. The file's blocks
-    stay beside it (views of the mmap, untouched), for the plain reference."""
+class Int8Weight(_GgufSegments):
+    """For the int8-activation mode (q8_matmul.cpp): each segment regrouped once by q8_pack into groups
+    of 16 output columns, the same bytes per block as the file, run by the AVX-512 VNNI build or the
+    AVX2 one. The file's blocks stay beside it (views of the mmap, untouched), for the plain reference."""
 
     def __init__(self, weights: list):
-        from ..loading.gguf_file import GGML_TYPE_IDS
-        k = weights[0].shape[1]
-        assert all(w.shape[1] == k for w in weights), "stacked weights share their input width"
-        self.shape = (sum(w.shape[0] for w in weights), k)
-        self.type_names = [w.type_name for w in weights]
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            self.raws = [torch.from_numpy(w.raw) for w in weights]
-        types = [GGML_TYPE_IDS[t] for t in self.type_names]
-        self.meta = torch.tensor([[t, w.shape[0]] for t, w in zip(types, weights)], dtype=torch.int32)
-        self.packed = [_ext.q8_pack(r, t, k) for r, t in zip(self.raws, types)]
+        super().__init__(weights)
+        k = self.shape[1]
+        self.meta = torch.tensor([[t, w.shape[0]] for t, w in zip(self.type_ids, weights)], dtype=torch.int32)
+        self.packed = [_ext.q8_pack(r, t, k) for r, t in zip(self.raws, self.type_ids)]
         if _ext.q8_kernel_build() != "reference":  # the file's pages were read once, to pack: give them back
             for w, r in zip(weights, self.raws):
                 if _file_backed(w.raw):
                     _drop_pages(r)
-
-    @staticmethod
-    def supports(type_name: str) -> bool:
-        return type_name in GGUF_TYPES
 
     def parts(self) -> list[torch.Tensor]:
         """[packed_0 .. packed_k-1, raw_0 .. raw_k-1, meta] as block_linear and the fused decoder layer take them."""
@@ -324,18 +320,7 @@ class Int8Weight:
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The same product by the plain formula over the file's blocks (the bits matmul must give)."""
-        return _ext.q8_reference(x.contiguous(), self.raws, [int(t) for t in self.meta[:, 0]])
-
-    def dequantize(self) -> torch.Tensor:
-        return torch.cat([_ext.gguf_dequantize_rows(r, int(t), torch.arange(r.shape[0]), self.shape[1])
-                          for r, t in zip(self.raws, self.meta[:, 0])])
-
-    def select_rows(self, ids: torch.Tensor) -> "Int8Weight":
-        """An Int8Weight of some rows only (a reduced-vocabulary head cut from a one-segment head)."""
-        from ..loading.weights import QuantizedWeight
-        assert len(self.raws) == 1, "row selection is for a single head"
-        raw = self.raws[0][ids.to(torch.int64)].numpy()
-        return Int8Weight([QuantizedWeight(self.type_names[0], raw, (len(ids), self.shape[1]))])
+        return _ext.q8_reference(x.contiguous(), self.raws, self.type_ids)
 
     @property
     def nbytes(self) -> int:

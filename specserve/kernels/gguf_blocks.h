@@ -24,6 +24,13 @@ inline float fp16(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
+// Bit j of the 32 bits -> byte j all ones (llama.cpp's bytes_from_bits_32): Q5's fifth bits.
+inline __m256i bits_to_bytes(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
+}
+
 // Elements and bytes per block of each type (0 for a type the kernels do not take).
 inline int block_elems(int t) {
   switch (t) {

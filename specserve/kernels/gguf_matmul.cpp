@@ -31,13 +31,6 @@ inline void bytes_to_ps(__m256i v, __m256 w[4]) {
     w[i] = _mm256_cvtepi32_ps(SIGNED ? _mm256_cvtepi8_epi32(part[i]) : _mm256_cvtepu8_epi32(part[i]));
 }
 
-// Bit j of the 32 bits -> byte j all ones (llama.cpp's bytes_from_bits_32): Q5's fifth bits.
-inline __m256i bits_to_bytes(uint32_t bits) {
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
-      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
-  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
-}
-
 inline void scale(__m256 w[4], __m256 d, __m256 m) {
   for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(w[i], d, m);
 }
