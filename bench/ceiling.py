@@ -30,7 +30,9 @@ over B rows:
 
     gain(alpha, k, B) = E(alpha, k) T(B) / (T(B (1 + k)) + k D(B)),   E = (1 - alpha^(k+1)) / (1 - alpha)
 
-with T the target's calibrated curve and D the draft's. The table prints, per batch, the least
+with T the target's calibrated curve and D the draft's pass over B rows as `draft_curve` times it (every
+row over the target's whole vocabulary: above a batch-B draft step with a cut head, so the draft
+column is a lower bound of its gain; the free drafter's is exact under the model). The table prints, per batch, the least
 acceptance that reaches each speedup with the best k, for a free drafter and for the draft model, and
 the gain at the draft model's measured acceptance.
 """

@@ -26,7 +26,7 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-constexpr int log2(int v) { return v <= 1 ? 0 : 1 + log2(v / 2); }
+constexpr int ilog2(int v) { return v <= 1 ? 0 : 1 + ilog2(v / 2); }
 
 template <int R>
 struct Tile {
@@ -67,7 +67,7 @@ __attribute__((always_inline)) inline void start(int64_t e0, const Acts& a, cons
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const int32_t n = G == 32 ? a.n32r(tl.r0 + r)[e0 / 32] : a.n16r(tl.r0 + r)[e0 / 16];
-    isum[r] = _mm512_slli_epi32(_mm512_set1_epi32(n), log2(OFF));
+    isum[r] = _mm512_slli_epi32(_mm512_set1_epi32(n), ilog2(OFF));
   }
 }
 
