@@ -63,20 +63,20 @@ def speedup(alpha: float, k: int, t: dict, t_draft: float) -> float:
     return chain_gain([top_level(alpha, k, t, t_draft)])
 
 
+def first(hundredths, ok, none: str = "none") -> str:
+    """The first x / 100 (x in `hundredths`, in order) for which ok(x / 100) holds, to 0.01, else `none`:
+    the searches of the tables below."""
+    return next((f"{x / 100:.2f}" for x in hundredths if ok(x / 100)), none)
+
+
 def needed(target: float, ks, t: dict, t_draft: float) -> str:
     """The least acceptance (to 0.01) at which some k reaches `target`."""
-    for a in range(0, 101):
-        if max(speedup(a / 100, k, t, t_draft) for k in ks) >= target:
-            return f"{a / 100:.2f}"
-    return "none"
+    return first(range(0, 101), lambda a: max(speedup(a, k, t, t_draft) for k in ks) >= target)
 
 
 def max_c(target: float, alpha: float, ks, t: dict) -> str:
     """The dearest draft pass (c, to 0.01 of a one-row pass) at which some k reaches `target` at acceptance alpha."""
-    for c100 in range(100, -1, -1):
-        if max(speedup(alpha, k, t, c100 / 100 * t[1]) for k in ks) >= target:
-            return f"{c100 / 100:.2f}"
-    return "none"
+    return first(range(100, -1, -1), lambda c: max(speedup(alpha, k, t, c * t[1]) for k in ks) >= target)
 
 
 def draft_curve(llm, rows, context: int = 128) -> dict:
@@ -109,10 +109,8 @@ def staged_best(alpha: float, alpha2: float, ks, t: dict, t_draft: float, t2: di
 def staged_needed(alpha: float, ks, t: dict, t_draft: float, t2: dict) -> str:
     """The least alpha2 (to 0.01) at which the staged chain reaches STAGED_OVER_CHAIN x the best plain chain."""
     plain = max(speedup(alpha, k, t, t_draft) for k in ks)
-    for a2 in range(0, 100):
-        if staged_best(alpha, a2 / 100, ks, t, t_draft, t2) >= STAGED_OVER_CHAIN * plain:
-            return f"{a2 / 100:.2f}"
-    return "none below 1"
+    return first(range(0, 100), lambda a2: staged_best(alpha, a2, ks, t, t_draft, t2) >= STAGED_OVER_CHAIN * plain,
+                 "none below 1")
 
 
 BATCH_KS = (1, 2, 3, 4)
@@ -127,10 +125,7 @@ def batch_gain(alpha: float, k: int, b: int, t: dict, d: dict) -> float:
 
 def batch_needed(target: float, b: int, t: dict, d: dict) -> str:
     """The least acceptance (to 0.01) at which some k reaches `target` at batch b."""
-    for a in range(0, 101):
-        if max(batch_gain(a / 100, k, b, t, d) for k in BATCH_KS) >= target:
-            return f"{a / 100:.2f}"
-    return "none"
+    return first(range(0, 101), lambda a: max(batch_gain(a, k, b, t, d) for k in BATCH_KS) >= target)
 
 
 def batch_table(batches, t: dict, d: dict, alphas: dict) -> list[str]:

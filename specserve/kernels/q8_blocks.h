@@ -83,24 +83,18 @@ inline void sub_block(int t, const uint8_t* b, int s, uint8_t* u, float* ws, flo
 }
 
 // Row r of x [M, K] quantised: q [K] int8, d [K/32] (scale per 32), s16 [K/16] (sums of q per 16),
-// xs [K/32] (d times the sum of q per 32: the min term's activation), n16 [K/16] and n32 [K/32] (minus the
-// sums of q per 16 and 32: the VNNI build starts a sub-block's integer sum at -off sum q, off a power of two).
+// xs [K/32] (d times the sum of q per 32: the min term's activation).
 struct RowOut {  // where quantize_row writes one row
   int8_t* q;
   float* d;
   int32_t* s16;
   float* xs;
-  int32_t* n16;
-  int32_t* n32;
   // block b's scale and its two sums of q per 16
   void sums(int64_t b, float db, int32_t s0, int32_t s1) const {
     d[b] = db;
     s16[2 * b] = s0;
     s16[2 * b + 1] = s1;
     xs[b] = db * static_cast<float>(s0 + s1);
-    n16[2 * b] = -s0;
-    n16[2 * b + 1] = -s1;
-    n32[b] = -(s0 + s1);
   }
 };
 
@@ -157,15 +151,11 @@ struct Acts {
   const float* d;
   const int32_t* s16;
   const float* xs;
-  const int32_t* n16;
-  const int32_t* n32;
   int64_t K;
   const int8_t* qr(int64_t r) const { return q + r * K; }
   const float* dr(int64_t r) const { return d + r * (K / 32); }
   const int32_t* sr(int64_t r) const { return s16 + r * (K / 16); }
   const float* xsr(int64_t r) const { return xs + r * (K / 32); }
-  const int32_t* n16r(int64_t r) const { return n16 + r * (K / 16); }
-  const int32_t* n32r(int64_t r) const { return n32 + r * (K / 32); }
 };
 
 // One packed segment: groups of 16 output columns, each a run of K / block_elems packed blocks of

@@ -81,10 +81,9 @@ void pack_block(int t, const uint8_t* const blocks[LANES], uint8_t* out) {
 }
 
 struct Quantised {
-  torch::Tensor q, d, s16, xs, n16, n32;
+  torch::Tensor q, d, s16, xs;
   Acts acts() const {
-    return {q.data_ptr<int8_t>(), d.data_ptr<float>(), s16.data_ptr<int32_t>(), xs.data_ptr<float>(), n16.data_ptr<int32_t>(),
-            n32.data_ptr<int32_t>(), q.size(1)};
+    return {q.data_ptr<int8_t>(), d.data_ptr<float>(), s16.data_ptr<int32_t>(), xs.data_ptr<float>(), q.size(1)};
   }
 };
 
@@ -94,14 +93,13 @@ Quantised quantise(const torch::Tensor& x, bool plain) {
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K % 32 == 0, "int8 activations: K must be a multiple of 32");
   Quantised r{torch::empty({M, K}, torch::kInt8), torch::empty({M, K / 32}, torch::kFloat32),
-              torch::empty({M, K / 16}, torch::kInt32), torch::empty({M, K / 32}, torch::kFloat32),
-              torch::empty({M, K / 16}, torch::kInt32), torch::empty({M, K / 32}, torch::kInt32)};
+              torch::empty({M, K / 16}, torch::kInt32), torch::empty({M, K / 32}, torch::kFloat32)};
   const float* px = x.data_ptr<float>();
   const Acts a = r.acts();
   at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0; i < r1; ++i) {
       const RowOut o{const_cast<int8_t*>(a.qr(i)), const_cast<float*>(a.dr(i)), const_cast<int32_t*>(a.sr(i)),
-                     const_cast<float*>(a.xsr(i)), const_cast<int32_t*>(a.n16r(i)), const_cast<int32_t*>(a.n32r(i))};
+                     const_cast<float*>(a.xsr(i))};
       (plain ? quantize_row : quantize_row_avx2)(px + i * K, K, o);
     }
   });

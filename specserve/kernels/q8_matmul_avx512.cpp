@@ -26,8 +26,6 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-constexpr int ilog2(int v) { return v <= 1 ? 0 : 1 + ilog2(v / 2); }
-
 template <int R>
 struct Tile {
   const int8_t* q[R];  // each row's quantised activations
@@ -60,14 +58,14 @@ inline void zero(__m512i v[R]) {
   for (int r = 0; r < R; ++r) v[r] = _mm512_setzero_si512();
 }
 
-// A sub-block of G values at element e0 starts: isum = -OFF (the row's sum of q over it), exact (the
-// sums are the quantiser's, negated; OFF is a power of two).
+// A sub-block of G values at element e0 starts: isum = -OFF (the row's sum of q over it, the quantiser's
+// sums per 16), exact.
 template <int R, int G, int OFF>
 __attribute__((always_inline)) inline void start(int64_t e0, const Acts& a, const Tile<R>& tl, __m512i isum[R]) {
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    const int32_t n = G == 32 ? a.n32r(tl.r0 + r)[e0 / 32] : a.n16r(tl.r0 + r)[e0 / 16];
-    isum[r] = _mm512_slli_epi32(_mm512_set1_epi32(n), ilog2(OFF));
+    const int32_t* s16 = a.sr(tl.r0 + r) + e0 / 16;
+    isum[r] = _mm512_set1_epi32(-OFF * (G == 32 ? s16[0] + s16[1] : s16[0]));
   }
 }
 
