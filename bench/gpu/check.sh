@@ -13,6 +13,7 @@
 #   bench/gpu/check.sh profile  SmolLM2-135M: regular and speculative steps under torch.profiler (per-op
 #                               tables, traces, synced phase times, graph replay times)
 #   bench/gpu/check.sh stash    keep the GGUF half that came (for a later spec/smollm call on the same machine)
+#   bench/gpu/check.sh invariance  whether a projection's rows round the same at every row count (cuBLAS)
 #   bench/gpu/check.sh dry      both stages with tiny sizes on CPU: checks this script without a GPU
 # Results (JSON + logs) go to $OUT (the device tool's folder) or bench/results/gpu/;
 # bench/gpu/table.py turns them into the markdown table.
@@ -43,11 +44,12 @@ case "${1:-}" in
   smollm) timeout "${STAGE_TIMEOUT:-400}" $PY bench/gpu/run.py smollm --out "$OUT_DIR" --compile-batches 1,16 "${@:2}" 2>&1 \
             | tee "$OUT_DIR/smollm.log" ;;
   stash)  echo "kept: $(ls /tmp/specserve-gpu)" ;;  # carry the first half only
+  invariance) $PY bench/gpu/invariance.py | tee "$OUT_DIR/invariance.json" ;;
   spec)   timeout "${STAGE_TIMEOUT:-200}" $PY bench/gpu/run.py smollm --only spec --out "$OUT_DIR" "${@:2}" 2>&1 \
             | tee "$OUT_DIR/spec.log" ;;
   profile) timeout "${STAGE_TIMEOUT:-300}" $PY bench/gpu/run.py smollm --only profile --out "$OUT_DIR" "${@:2}" 2>&1 \
             | tee "$OUT_DIR/profile.log" ;;
   dry)    OMP_NUM_THREADS=1 $PY bench/gpu/run.py shape --device cpu --dry-run --out "$OUT_DIR" \
             && OMP_NUM_THREADS=1 $PY bench/gpu/run.py smollm --device cpu --dry-run --out "$OUT_DIR" ;;
-  *)      echo "usage: bench/gpu/check.sh shape|smollm|spec|profile|stash|dry [run.py options]"; exit 2 ;;
+  *)      echo "usage: bench/gpu/check.sh shape|smollm|spec|profile|stash|invariance|dry [run.py options]"; exit 2 ;;
 esac

@@ -346,6 +346,10 @@ def stage_smollm(args, rec) -> None:
             pre = f"rounds{m}"
             variants += [(f"{pre}_regular", None, True, m)] + [
                 (f"{pre}_k{k}", {"fallback": False, "policy": "fixed", "draft_len": k}, True, m) for k in args.spec_lens]
+            for t in args.tree_rounds:  # K levels of W nodes, each level from the top T children of the last
+                k, w, top = (int(x) for x in t.split("x"))
+                variants.append((f"{pre}_tree{t}", {"fallback": False, "policy": "fixed", "draft_len": k, "shape": "tree",
+                                                    "tree_beam": w, "tree_top_k": top}, True, m))
         for name, opts, graphs, *m in variants:
             tag = f"{dtag}_spec_{name}"
             with rec.section(f"smollm.{tag}"):
@@ -675,11 +679,14 @@ def main(argv=None) -> int:
                    "in one step, so a batch's sequences all decode from the same step: decode speed alone)")
     p.add_argument("--step-log", action="store_true", help="smollm: record every engine step's ms and paths")
     p.add_argument("--rounds-only", action="store_true", help="with --only spec: the rounds variants only")
+    p.add_argument("--tree-rounds", default="", help="with --only spec: EAGLE token trees in rounds, KxWxT each "
+                   "(K levels of W nodes, each level from the top T children of the last), comma-separated")
     p.add_argument("--compile-batches", default="1", help="batch sizes for HF static cache + torch.compile")
     args = p.parse_args(argv)
     args.compile_batches = [int(b) for b in args.compile_batches.split(",") if b]
     args.spec_lens = [int(k) for k in args.spec_lens.split(",") if k]
     args.rounds = [int(m) for m in args.rounds.split(",") if m]
+    args.tree_rounds = [t for t in args.tree_rounds.split(",") if t]
     args.tree_depths = [int(d) for d in args.tree_depths.split(",") if d]
     if args.dry_run:
         args.prompt_len = 12

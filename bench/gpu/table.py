@@ -97,7 +97,9 @@ def rounds_table(docs: list[dict]) -> str:
                            and "_step_" not in k})
             for tag in tags:
                 m = tag.split("_")[0]  # rounds16
-                name = f"{m[6:] or '8'} rounds/sync, " + ("regular" if tag.endswith("regular") else f"EAGLE k={tag.split('_k')[-1]}")
+                kind = ("regular" if tag.endswith("regular") else f"EAGLE tree {tag.split('_tree')[-1]} (K x beam x top-k)"
+                        if "_tree" in tag else f"EAGLE k={tag.split('_k')[-1]}")
+                name = f"{m[6:] or '8'} rounds/sync, {kind}"
                 by = r.get(f"{dt}_spec_{tag}_rounds_by_batch") or {}
                 for b in (1, 8):
                     ms = r.get(f"{dt}_spec_{tag}_b{b}_ms")

@@ -74,17 +74,24 @@ class Flight:
 
 class DeviceRounds:
     def __init__(self, runner, chain_graphs=None, draft_len: int = 3, max_rounds: int = 8, max_seqs: int = 16,
-                 capture: Optional[bool] = None):
+                 beam: int = 1, top_k: int = 1, capture: Optional[bool] = None):
         """runner: an engine.graph_runner.GraphModelRunner (its model, KV, static inputs and forward);
         chain_graphs: a cuda.eagle_graph.EagleChainGraphs (the EAGLE drafter's graph-safe pass), None
-        for regular decoding; draft_len: K; max_rounds: M at most per run."""
+        for regular decoding; draft_len: K; max_rounds: M at most per run; beam: W, a token tree's
+        nodes a level (1: a chain), each level the best W of the last level's nodes' top_k children."""
         self.runner, self.g = runner, chain_graphs
-        self.K = draft_len if chain_graphs is not None else 0
-        R = self.K + 1
-        self.R, self.M = R, max_rounds
+        self.K = K = draft_len if chain_graphs is not None else 0
+        self.W = W = beam if K else 1
+        self.top_k = top_k
         inp = runner.inputs
+        self.Rv = Rv = 1 + W * K  # verify rows a sequence: the last token, then the tree's W K nodes
+        if W < 1 or top_k < 1 or (W > 1 and W * K > inp.max_span) or Rv > runner.out[0].shape[0]:
+            raise ValueError(f"a tree of {K} levels of {W}: past the buffers' rows a sequence")
+        R = K + 1
+        self.R, self.M = R, max_rounds
+        self.scratch = (W - 1) * K  # KV rows a round's tree takes past its R
         self.device = dev = runner.device
-        self.sizes = capture_sizes(max(1, min(max_seqs, inp.max_seqs, runner.out[0].shape[0] // R)))
+        self.sizes = capture_sizes(max(1, min(max_seqs, inp.max_seqs, runner.out[0].shape[0] // Rv)))
         B = self.sizes[-1]
         self.max_seqs = B
         hidden = runner.model.arch.hidden_size
@@ -105,8 +112,23 @@ class DeviceRounds:
         self._slot = 1
         self.counter = torch.zeros(1, **long)
         self.ar = torch.arange(R, **long)
-        self.rows_seq = torch.arange(B, dtype=torch.int32, device=dev).repeat_interleave(R)  # [B R]: each row's sequence
-        self.seq1 = torch.arange(B, dtype=torch.int32, device=dev)
+        seqs = torch.arange(B, dtype=torch.int32, device=dev)
+        self.rows_seq = seqs.repeat_interleave(R)  # [B R]: each catch-up row's sequence
+        self.rows_verify = seqs.repeat_interleave(Rv)  # [B Rv]: each verify row's sequence
+        self.rows_node = seqs.repeat_interleave(W)  # [B W]: each draft row's sequence
+        # a verify row's position and KV row past L: the last token at L, then the tree's nodes level by
+        # level, node i of level j (1..K) at position L + j in KV row L + 1 + (j - 1) W + i
+        self.vpos = torch.cat([torch.zeros(1, **long), torch.arange(1, K + 1, **long).repeat_interleave(W)])  # [Rv]
+        self.vrow = torch.arange(Rv, **long)  # [Rv]
+        if W > 1:
+            WK = W * K
+            # each node's ancestors and itself over the tree's rows ([level, sequence, node, W K]: a level's
+            # rows contiguous, the attention's tree mask of that level's draft pass), and each level's own bits
+            self.mask = torch.zeros(K, B, W, WK, dtype=torch.int32, device=dev)
+            self.own = torch.eye(WK, dtype=torch.int32, device=dev).view(K, W, WK)
+            self.span_d = torch.full((B,), NO_TREE, dtype=torch.int32, device=dev)
+            self.arK = torch.arange(K, **long)
+            self.moved = torch.zeros(1, **long)  # accepted nodes whose K/V moved to their positions
         if chain_graphs is not None:
             self.d_tables = torch.zeros(B, chain_graphs.max_blocks, dtype=torch.int32, device=dev)
             self.span = torch.full((B * R,), NO_TREE, dtype=torch.int32, device=dev)
@@ -126,64 +148,162 @@ class DeviceRounds:
         s = tables.long().gather(1, blk) * self.bs + pos % self.bs
         return s.masked_fill(~ok, -1)
 
-    def _draft_inputs(self, limit: torch.Tensor, rows: int, seq: torch.Tensor):
+    def _draft_inputs(self, limit: torch.Tensor, rows: int, seq: torch.Tensor, tree: Optional[torch.Tensor] = None):
+        if tree is not None:  # a tree level's rows: each sees its ancestors' rows past L - 1
+            return types.SimpleNamespace(seq=seq, limit=limit.int(), tables=self.d_tables, span_start=self.span_d,
+                                         tree=tree, block_size=self.bs, max_span=tree.shape[1])
         return types.SimpleNamespace(seq=seq, limit=limit.int(), tables=self.d_tables, span_start=self.span[:rows],
                                      tree=self.tree, block_size=self.bs, max_span=1)
 
-    def _pick(self, f: torch.Tensor) -> torch.Tensor:
-        d = self.g.drafter
-        idx = d._logits(f).argmax(-1)
-        return idx if d.vocab_ids is None else d.vocab_ids[idx]
+    def _ids(self, idx: torch.Tensor) -> torch.Tensor:
+        """Draft vocabulary ids -> target ids."""
+        v = self.g.drafter.vocab_ids
+        return idx if v is None else v[idx]
 
-    def _draft(self, n: int) -> torch.Tensor:
-        """The catch-up and a chain of K draft tokens for n sequences -> [n, K] target ids."""
-        g, K, R = self.g, self.K, self.R
-        L, c, live = self.L[:n], self.c[:n], self.live[:n]
+    def _catch_up(self, n: int) -> torch.Tensor:
+        """The draft's pass over each sequence's c new target features -> f_hat [n, hidden]: the draft's
+        feature at position L, from which it predicts the token at L + 1."""
+        R, L, c, live = self.R, self.L[:n], self.c[:n], self.live[:n]
         pos = ((L - c)[:, None] + self.ar).clamp(min=0)  # [n, R] (padding rows: L = 0 < c)
         ok = (self.ar[None, :] < c[:, None]) & live[:, None]
         slots = self._slots(self.d_tables[:n], pos, ok)
         inp = self._draft_inputs(pos.masked_fill(~ok, -1).reshape(-1), n * R, self.rows_seq[:n * R])
-        f = g.eagle_pass(self.Ptok[:n].reshape(-1), self.P[:n].reshape(n * R, -1), pos.reshape(-1).int(),
-                         slots.reshape(-1).int(), inp)  # [n R, hidden]
-        f_hat = f.view(n, R, -1)[torch.arange(n, device=f.device), c - 1]  # [n, hidden]
-        tok = self._pick(f_hat)
+        f = self.g.eagle_pass(self.Ptok[:n].reshape(-1), self.P[:n].reshape(n * R, -1), pos.reshape(-1).int(),
+                              slots.reshape(-1).int(), inp)  # [n R, hidden]
+        return f.view(n, R, -1)[torch.arange(n, device=f.device), c - 1]
+
+    def _draft(self, n: int) -> torch.Tensor:
+        """The catch-up and a greedy chain of K draft tokens for n sequences -> [n, K] target ids."""
+        g, K, L, live = self.g, self.K, self.L[:n], self.live[:n]
+        f_hat = self._catch_up(n)
+        tok = self._ids(g.drafter._logits(f_hat).argmax(-1))
         out = [tok]
         for j in range(1, K):
-            p = (L + j - 1)[:, None]  # [n, 1]
+            p = (L + j - 1)[:, None]  # [n, 1]: the draft row's position (feature at p, token at p + 1)
             s = self._slots(self.d_tables[:n], p, live[:, None])[:, 0]
-            inp = self._draft_inputs(p[:, 0].masked_fill(~live, -1), n, self.seq1[:n])
+            inp = self._draft_inputs(p[:, 0].masked_fill(~live, -1), n, self.rows_node[:n])
             f_hat = g.eagle_pass(tok, f_hat, p[:, 0].int(), s.int(), inp)
-            tok = self._pick(f_hat)
+            tok = self._ids(g.drafter._logits(f_hat).argmax(-1))
             out.append(tok)
         return torch.stack(out, 1)
 
+    def _draft_tree(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The catch-up and a token tree of K levels of W nodes (EAGLE-2's expansion with a fixed beam):
+        level 1 is the draft's best W first tokens; level j + 1 the W best, by the draft's log-probability
+        of the path, of the top_k children of each level-j node -> (tokens [n, K, W] target ids, parents
+        [n, K, W]: each node's parent's index in the level before, -1 on level 1). Node i of level j is
+        fed at position L + j - 1, in draft KV row L + (j - 1) W + i, seeing its ancestors' rows."""
+        g, K, W, kc, L, live = self.g, self.K, self.W, self.top_k, self.L[:n], self.live[:n]
+        d, WK = g.drafter, W * K
+        f = self._catch_up(n)
+        score, idx = torch.log_softmax(d._logits(f).float(), -1).topk(W, -1)  # [n, W]
+        f = f.repeat_interleave(W, 0)  # [n W, hidden]: the parent's feature of each level-1 node
+        toks, parents = [self._ids(idx)], [torch.full((n, W), -1, dtype=torch.long, device=f.device)]
+        self.span_d[:n].copy_(L)
+        self.mask[0, :n].copy_(self.own[0])
+        for j in range(1, K):
+            p = (L + j - 1)[:, None]  # [n, 1]
+            row = p + (j - 1) * (W - 1) + torch.arange(W, device=p.device)  # [n, W]: L + (j - 1) W + i
+            s = self._slots(self.d_tables[:n], row, live[:, None]).reshape(-1)
+            inp = self._draft_inputs(row.masked_fill(~live[:, None], -1).reshape(-1), n * W, self.rows_node[:n * W],
+                                     self.mask[j - 1, :n].view(n * W, WK))
+            f = g.eagle_pass(toks[-1].reshape(-1), f, p.expand(n, W).reshape(-1).int(), s.int(), inp)  # [n W, hidden]
+            lp, idx = torch.log_softmax(d._logits(f).float(), -1).topk(kc, -1)  # [n W, kc]
+            score, sel = (score[:, :, None] + lp.view(n, W, kc)).view(n, W * kc).topk(W, -1)  # [n, W]
+            parent = sel // kc
+            toks.append(self._ids(idx.view(n, W * kc).gather(1, sel)))
+            parents.append(parent)
+            self.mask[j, :n].copy_(self.mask[j - 1, :n].gather(1, parent[:, :, None].expand(n, W, WK)) | self.own[j])
+            f = f.view(n, W, -1).gather(1, parent[:, :, None].expand(n, W, f.shape[-1])).reshape(n * W, -1)
+        return torch.stack(toks, 1), torch.stack(parents, 1)
+
+    def _accept_tree(self, n: int, toks: torch.Tensor, parents: torch.Tensor, a: torch.Tensor, h: torch.Tensor):
+        """Greedy acceptance down the tree: from the root, the child whose token is the target's argmax
+        at its parent (siblings differ, so at most one), level by level -> (accepted count [n], the new
+        tokens [n, R] (a_0, then the target's argmax at each accepted node), their hidden rows
+        [n, R, hidden], the accepted node a level [n, K])."""
+        K, W = self.K, self.W
+        b = torch.arange(n, device=a.device)
+        at = a[:, 1:].view(n, K, W)  # the target's token after each node
+        want, cur = a[:, 0], torch.full((n,), -1, dtype=torch.long, device=a.device)
+        ok = torch.ones(n, dtype=torch.bool, device=a.device)
+        acc = torch.zeros(n, dtype=torch.long, device=a.device)
+        path = []
+        for j in range(K):
+            hit = (toks[:, j] == want[:, None]) & (parents[:, j] == cur[:, None])  # [n, W]
+            i = hit.long().argmax(1)
+            ok = ok & hit.any(1)
+            acc += ok
+            path.append(i)
+            cur = torch.where(ok, i, cur)
+            want = torch.where(ok, at[b, j, i], want)
+        path = torch.stack(path, 1)  # [n, K]
+        tok = torch.cat([a[:, :1], at.gather(2, path[:, :, None])[:, :, 0]], 1)  # [n, R]
+        hn = h[:, 1:].view(n, K, W, -1)
+        hp = torch.cat([h[:, :1], hn.gather(2, path[:, :, None, None].expand(n, K, 1, hn.shape[-1]))[:, :, 0]], 1)
+        return acc, tok, hp, path
+
+    def _move_kv(self, n: int, acc: torch.Tensor, path: torch.Tensor) -> None:
+        """Copy the target's K/V of the accepted nodes from their tree rows (L + 1 + j W + path_j, level
+        j from 0) to their positions' rows (L + 1 + j), in every layer. Rows with nothing to move copy a
+        slot onto itself, and dead rows repeat a live row's pairs: no slot is written twice with
+        different values."""
+        K, W, L, live = self.K, self.W, self.L[:n], self.live[:n]
+        tab = self.runner.inputs.tables[:n]
+        dst_row = L[:, None] + 1 + self.arK  # [n, K]
+        every = torch.ones_like(dst_row, dtype=torch.bool)
+        dst = self._slots(tab, dst_row, every)
+        src = self._slots(tab, dst_row + self.arK * (W - 1) + path, every)
+        move = (self.arK[None, :] < acc[:, None]) & live[:, None]
+        src = torch.where(move, src, dst)
+        first = live.long().argmax().view(1)  # a live row (a run has one)
+        dst = torch.where(live[:, None], dst, dst.index_select(0, first)).reshape(-1)
+        src = torch.where(live[:, None], src, src.index_select(0, first)).reshape(-1)
+        st = self.runner.static
+        for cache in (st.k_cache, st.v_cache):  # [layers, slots, Hkv, D]
+            cache.index_copy_(1, dst, cache.index_select(1, src))
+        self.moved.add_((move & (src != dst).view(n, K)).sum())
+
     def _round(self, n: int) -> None:
-        K, R = self.K, self.R
+        K, W, Rv = self.K, self.W, self.Rv
         run, inp = self.runner, self.runner.inputs
         L, live = self.L[:n], self.live[:n]
-        d = self._draft(n) if K else None
-        ids = self.last[:n, None] if d is None else torch.cat([self.last[:n, None], d], 1)  # [n, R]
-        pos = L[:, None] + self.ar
-        T = n * R
+        if K == 0:
+            ids = self.last[:n, None]  # [n, 1]
+        elif W == 1:
+            d = self._draft(n)  # [n, K]
+            ids = torch.cat([self.last[:n, None], d], 1)
+        else:
+            toks, parents = self._draft_tree(n)  # [n, K, W] each
+            ids = torch.cat([self.last[:n, None], toks.reshape(n, K * W)], 1)
+        pos = L[:, None] + self.vpos  # [n, Rv]
+        row = L[:, None] + self.vrow  # KV rows (a chain: the positions)
+        T = n * Rv
         inp.ids[:T].copy_(ids.reshape(-1))
         inp.positions[:T].copy_(pos.reshape(-1))
-        inp.slots[:T].copy_(self._slots(inp.tables[:n], pos, live[:, None]).reshape(-1))
-        inp.seq[:T].copy_(self.rows_seq[:T])
-        inp.limit[:T].copy_(pos.masked_fill(~live[:, None], -1).reshape(-1))
+        inp.slots[:T].copy_(self._slots(inp.tables[:n], row, live[:, None]).reshape(-1))
+        inp.seq[:T].copy_(self.rows_verify[:T])
+        inp.limit[:T].copy_(row.masked_fill(~live[:, None], -1).reshape(-1))
+        if W > 1:  # the tree's rows start past the last token's; the last token's row reads no mask
+            inp.span_start[:n].copy_(L + 1)
+            inp.tree[:T].view(n, Rv, -1)[:, 1:, :K * W].copy_(self.mask[:, :n].transpose(0, 1).reshape(n, K * W, K * W))
         logits, hidden = run.static(T, out=run.out)
-        a = logits.argmax(-1).view(n, R)
-        if d is None:
-            acc = torch.zeros(n, dtype=torch.long, device=a.device)
+        a = logits.argmax(-1).view(n, Rv)
+        h = hidden.view(n, Rv, -1).float()
+        if K == 0:
+            acc, tok, hp = torch.zeros(n, dtype=torch.long, device=a.device), a, h
+        elif W == 1:
+            acc, tok, hp = torch.cumprod((d == a[:, :K]).long(), 1).sum(1), a, h  # leading matches
         else:
-            acc = torch.cumprod((d == a[:, :K]).long(), 1).sum(1)  # [n] leading matches
-        h = hidden.view(n, R, -1).float()
-        self.out_tok[:, :n].index_copy_(0, self.counter, a[None])
+            acc, tok, hp, path = self._accept_tree(n, toks, parents, a, h)
+            self._move_kv(n, acc, path)
+        self.out_tok[:, :n].index_copy_(0, self.counter, tok[None])
         self.out_n[:, :n].index_copy_(0, self.counter, (acc + 1)[None])
-        self.hist[:, :n].index_copy_(0, self.counter, h[None])
-        self.P[:n].copy_(h)
-        self.Ptok[:n].copy_(a)
+        self.hist[:, :n].index_copy_(0, self.counter, hp[None])
+        self.P[:n].copy_(hp)
+        self.Ptok[:n].copy_(tok)
         self.c[:n].copy_(acc + 1)
-        self.last[:n].copy_(a.gather(1, acc[:, None])[:, 0])
+        self.last[:n].copy_(tok.gather(1, acc[:, None])[:, 0])
         self.L[:n].add_(acc + 1)
         self.counter.add_(1)
 

@@ -139,6 +139,31 @@ class EagleDrafter(Drafter):
         return Proposal([drafts[r.request_id] for r in requests], max(len(drafts[r.request_id].tokens) for r in live),
                         len(live), sum(q_lens))
 
+    @torch.inference_mode()
+    def feed_all_but(self, requests: list[Request], keep: int) -> bool:
+        """Feed each request's unconsumed target features but its last `keep` (which a later pass feeds:
+        the CUDA rounds' catch-up takes at most 1 + K), as the catch-up would; False, feeding nothing,
+        where the draft cache has no room."""
+        reqs = [r for r in requests if self.num_pending.get(r.request_id, 0) > keep]
+        if not reqs:
+            return True
+        if not all(self.kv.reserve(r.request_id, r.num_tokens - 1) for r in reqs):
+            return False
+        feats, toks, q_lens, kv_lens, positions = [], [], [], [], []
+        for r in reqs:
+            rid, done = r.request_id, self.kv.num_done[r.request_id]
+            f = torch.cat(self.pending[rid])  # [m, hidden], positions done .. N - 2
+            m = len(f) - keep
+            feats.append(f[:m])
+            toks.extend(r.token_at(t + 1) for t in range(done, done + m))
+            positions.extend(range(done, done + m))
+            q_lens.append(m)
+            kv_lens.append(done + m)
+            self.pending[rid], self.num_pending[rid] = [f[m:]], keep
+            self.kv.num_done[rid] = done + m
+        self._forward(reqs, torch.cat(feats), toks, positions, q_lens, kv_lens)
+        return True
+
     def _catch_up(self, live: list[Request]) -> tuple[torch.Tensor, list[int]]:
         """Feed every unconsumed target feature, with the token that follows it -> (the predicted
         feature at each request's last position [B, hidden], the rows fed per request)."""

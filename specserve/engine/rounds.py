@@ -11,11 +11,12 @@ The queue drains, and the ordinary step takes over, when a request arrives or no
 
 Taken only where the rounds give what the ordinary steps give: no request waiting or still in its
 prompt, all greedy, none guided, biased, asking for log-probabilities or refusing speculation, the
-EAGLE drafter caught up to at most 1 + K features per request, and KV room for the rounds' positions
-in both caches. Anything else goes through the ordinary step, which this never changes.
+EAGLE drafter holding every target feature but the last (it feeds a new prompt's first), and KV room
+for the rounds' positions in both caches. Anything else goes through the ordinary step, which this never changes.
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections import deque
@@ -30,11 +31,14 @@ from ..types import Request, TokenOrigin
 # K of EAGLE's rounds for draft_len "auto": 2 was the fastest of 1-4 at batch 1 and 8 on an H100
 # (SmolLM2-135M's EAGLE head, 16 rounds a sync; docs/decisions.md#device-rounds)
 AUTO_DRAFT_LEN = 2
+MEASURED_ROUNDS = 16  # rounds after which a run is sized by the tokens a round measured
 
 
 def build(runner, speculator, max_rounds: int, config) -> Optional["RoundsDriver"]:
     """The rounds over the graph runner: regular decoding's, or EAGLE's where it drafts greedy chains
-    as graphs (K: the configured draft length; "auto": AUTO_DRAFT_LEN); None for other drafters."""
+    as graphs (K: the configured draft length; "auto": AUTO_DRAFT_LEN; shape "tree": a tree of K
+    levels of tree_beam nodes, each level from the tree_top_k children of the last); None for other
+    drafters."""
     sc = config.scheduler
     if speculator is None:
         return RoundsDriver(DeviceRounds(runner, None, max_rounds=max_rounds, max_seqs=sc.max_num_seqs))
@@ -42,9 +46,12 @@ def build(runner, speculator, max_rounds: int, config) -> Optional["RoundsDriver
     if g is None:
         print("cuda_rounds: only regular decoding and EAGLE run in rounds; steps run one by one", file=sys.stderr)
         return None
-    k = config.speculative.draft_len
+    spec = config.speculative
+    k = spec.draft_len
+    tree = spec.shape == "tree"  # in rounds: K levels of tree_beam nodes (tree_max_nodes does not apply)
     return RoundsDriver(DeviceRounds(runner, g, draft_len=AUTO_DRAFT_LEN if k == "auto" else k,
-                                     max_rounds=max_rounds, max_seqs=sc.max_num_seqs))
+                                     max_rounds=max_rounds, max_seqs=sc.max_num_seqs,
+                                     beam=spec.tree_beam if tree else 1, top_k=spec.tree_top_k if tree else 1))
 
 
 @dataclass
@@ -87,7 +94,7 @@ class RoundsDriver:
 
     # --- what may run ---------------------------------------------------------------------------
     def _eligible(self, engine) -> Optional[list[Request]]:
-        sched, R = engine.scheduler, self.dev.R
+        sched = engine.scheduler
         running = sched.running
         if sched.waiting or not running or engine._siblings or len(running) > self.dev.max_seqs:
             return None
@@ -97,18 +104,34 @@ class RoundsDriver:
                     or p.needs_logprobs or p.speculative is False or engine._guide(r) is not None):
                 return None
         d = self.drafter
-        if d is not None and not all(d._ready(r) and 1 <= d.num_pending.get(r.request_id, 0) <= R for r in running):
-            return None
+        if d is not None:
+            if not all(d._ready(r) and d.num_pending.get(r.request_id, 0) >= 1 for r in running):
+                return None
+            # a request just past its prompt: the draft feeds the prompt's features now, so the rounds
+            # start at once instead of after an ordinary speculative step (their catch-up takes <= R)
+            if not d.feed_all_but(running, 1):
+                return None
         return list(running)
 
     def _num_rounds(self, engine, reqs: list[Request], start: list[int], queued: int) -> int:
-        """Rounds for the next run: as many as the longest request still needs at R tokens a round,
-        beyond the `queued` rounds already on their way (each gives at least a token), within M and
-        max_model_len (start: each request's first position the run may write)."""
-        R = self.dev.R
-        left = max(r.params.max_tokens - len(r.output_token_ids) - queued for r in reqs)
+        """Rounds for the next run: as many as the request with the most tokens left still needs at the
+        tokens a round measured so far, beyond the `queued` rounds already on their way (counted at the
+        same rate), within M and max_model_len (start: each request's first KV row the run may write).
+        0 where the queued rounds should finish every request: if they fall short, the next step
+        launches a run from the host's state. (Counting each round at R tokens made the last runs of a
+        request a tail of small ones, each queued one counted at 1 token wasted rounds:
+        docs/decisions.md#device-rounds.)"""
+        R, per = self.dev.R, self._per_round()
+        left = max(r.params.max_tokens - len(r.output_token_ids) for r in reqs) - queued * per
         room = min(engine.max_model_len - 1 - s for s in start)
-        return min(self.dev.M, -(-left // R), room // R)
+        return max(0, min(self.dev.M, math.ceil(left / per), room // R))
+
+    def _per_round(self) -> float:
+        """Tokens a live sequence gets per round: measured once there are some, else half a draft."""
+        d = self.dev
+        if d.rounds >= MEASURED_ROUNDS:
+            return (d.rounds + d.accepted) / d.rounds
+        return 1 + d.K / 2
 
     def _reserve(self, engine, reqs: list[Request], end: list[int]) -> bool:
         """Blocks for positions < end in both caches (all or none: a request whose table grew keeps it)."""
@@ -128,13 +151,14 @@ class RoundsDriver:
         reqs = self._eligible(engine)
         if reqs is None:
             return False
-        start = [r.num_computed_tokens for r in reqs]
+        start = [r.num_computed_tokens + self.dev.scratch for r in reqs]  # a tree's rows past the rounds'
         M = self._num_rounds(engine, reqs, start, 0)
         end = [s + M * self.dev.R for s in start]
         if M < 1 or not self._reserve(engine, reqs, end):
             return False
         d, seqs = self.drafter, []
-        for r, L in zip(reqs, start):
+        for r in reqs:
+            L = r.num_computed_tokens
             s = RoundsInput(L, r.token_at(L), r.block_table)
             if d is not None:
                 rid = r.request_id

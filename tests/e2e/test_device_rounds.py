@@ -13,17 +13,21 @@ PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\
 KW = dict(block_kernels=False, max_model_len=512, prefill_chunk=None, kv_cache_gib=0.05)
 
 
-def _with_rounds(llm: LLM, max_rounds: int, draft_len: int = 3):
-    """What LLMEngine builds on CUDA with cuda_rounds: the graph runner, EAGLE's graph passes, the rounds."""
+def _with_rounds(llm: LLM, max_rounds: int, draft_len: int = 3, beam: int = 1, top_k: int = 1):
+    """What LLMEngine builds on CUDA with cuda_rounds: the graph runner, EAGLE's graph passes, the rounds
+    (beam > 1: what shape "tree" with tree_beam = beam and tree_top_k = top_k asks for)."""
     eng = llm.engine
     eager = eng.runner
     eng.runner = GraphModelRunner(eager.model, eager.kv, eager.device, eager.attention, eager.plain_attention,
-                                  max_seqs=8, max_model_len=512, max_graph_tokens=32, max_step_tokens=256,
+                                  max_seqs=8, max_model_len=512, max_graph_tokens=32 * beam, max_step_tokens=256,
                                   use_triton=False)
     if eng.speculator is not None:
         d = eng.speculator.drafter
         d.chain_graphs = EagleChainGraphs(d, 8, 512, capture=False, use_triton=False)
         eng.config.speculative.draft_len = draft_len
+        if beam > 1:
+            sc = eng.config.speculative
+            sc.shape, sc.tree_beam, sc.tree_top_k = "tree", beam, top_k
     eng.rounds = rounds.build(eng.runner, eng.speculator, max_rounds, eng.config)
     return eng.rounds
 
@@ -47,10 +51,31 @@ def test_rounds_give_regular_decodings_tokens(method, caching):
     assert r.dev.rounds > 0 and r.time > 0  # the decodes went through the rounds
     if method is not None:
         assert r.dev.drafted > 0 and 0 < r.dev.accepted <= r.dev.drafted
-        st = llm.spec_stats()["device_rounds"]
+        stats = llm.spec_stats()
+        assert stats["spec_steps"] == 0  # the draft fed the prompts' features: rounds started after the prefill
+        st = stats["device_rounds"]
         assert (st["rounds"], st["drafted"], st["accepted"]) == (r.dev.rounds, r.dev.drafted, r.dev.accepted)
         llm.reset_spec_stats()
         assert llm.spec_stats()["device_rounds"]["rounds"] == 0
+
+
+@pytest.mark.parametrize("caching,top_k", [(False, 3), (True, 3), (False, 1)])
+def test_tree_rounds_give_regular_decodings_tokens(caching, top_k):
+    """Rounds of token trees, 3 levels of 3 nodes (top_k 1: three chains from the draft's best three
+    first tokens): the accepted nodes' K/V move from the tree's rows to their positions; the output is
+    regular decoding's, at batch 5 (padded to 6) and 1."""
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in (23, 9, 30, 17, 12)]
+    plain = LLM(enable_prefix_caching=caching, **KW)
+    ref = _tokens(plain, PROMPTS, params)
+    ref1 = _tokens(plain, PROMPTS[1:2], params[2])
+    llm = LLM(enable_prefix_caching=caching, speculative={"method": "draft", "fallback": False}, **KW)
+    r = _with_rounds(llm, max_rounds=4, draft_len=3, beam=3, top_k=top_k)
+    assert (r.dev.W, r.dev.Rv, r.dev.max_seqs) == (3, 10, 8)
+    assert _tokens(llm, PROMPTS, params) == ref
+    assert _tokens(llm, PROMPTS[1:2], params[2]) == ref1
+    assert r.dev.rounds > 0 and 0 < r.dev.accepted <= r.dev.drafted
+    assert int(r.dev.moved) > 0  # accepted nodes came from the tree's rows: their K/V were moved
+    assert llm.engine.scheduler.blocks.num_free_blocks == llm.engine.scheduler.blocks.num_blocks
 
 
 def test_rounds_stop_where_regular_decoding_stops():

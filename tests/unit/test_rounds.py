@@ -1,10 +1,13 @@
 """cuda/rounds.py on CPU (round bodies uncaptured, torch's ops): a run of regular-decoding rounds and the
 run queued after it give the eager runner's greedy tokens step by step, and a sequence marked dead in
 the queued run writes nothing into the KV cache."""
+from types import SimpleNamespace
+
 import torch
 
 from specserve.cuda.rounds import DeviceRounds, RoundsInput
 from specserve.engine.graph_runner import GraphModelRunner
+from specserve.engine.rounds import RoundsDriver
 from specserve.engine.runner import ModelRunner
 from specserve.kv.cache import KVCache
 from specserve.scheduler.scheduler import ScheduledRequest
@@ -65,3 +68,31 @@ def test_queued_runs_continue_regular_decoding_and_dead_rows_write_nothing():
     assert out2.tokens[0] == ref["a"][3:5] and out2.tokens[2] == ref["c"][3:5]
     assert torch.equal(kv.k[:, b_slots], k_before) and torch.equal(kv.v[:, b_slots], v_before)
     assert rounds.rounds == 3 * 3 + 2 * 2 and rounds.drafted == 0  # the dead row's rounds are not counted
+
+
+def _sizer(K: int, M: int, rounds: int = 0, accepted: int = 0):
+    """engine/rounds.RoundsDriver's run sizing over stand-ins of its device rounds and engine."""
+    dev = SimpleNamespace(K=K, R=K + 1, M=M, rounds=rounds, accepted=accepted)
+    return RoundsDriver(dev), SimpleNamespace(max_model_len=1000)
+
+
+def _req(max_tokens: int, done: int):
+    return SimpleNamespace(params=SimpleNamespace(max_tokens=max_tokens), output_token_ids=[0] * done)
+
+
+def test_runs_are_sized_by_the_tokens_a_round_measured():
+    """Regular decoding: exactly the tokens left, past the queued rounds. With drafts: the rounds the
+    request with the most left needs at the measured rate (2 tokens a round here), the queued rounds
+    counted at that rate too, so no run is queued that the queued ones should make useless."""
+    drv, eng = _sizer(K=0, M=16)
+    assert drv._num_rounds(eng, [_req(20, 15)], [100], 0) == 5
+    assert drv._num_rounds(eng, [_req(20, 15)], [100], 3) == 2
+    assert drv._num_rounds(eng, [_req(20, 15)], [100], 5) == 0
+    drv, eng = _sizer(K=3, M=16, rounds=40, accepted=40)  # 2 tokens a round
+    assert drv._num_rounds(eng, [_req(100, 80), _req(100, 70)], [100, 100], 0) == 15
+    assert drv._num_rounds(eng, [_req(100, 80), _req(100, 70)], [100, 100], 10) == 5
+    assert drv._num_rounds(eng, [_req(100, 80)], [100], 10) == 0
+    assert drv._num_rounds(eng, [_req(100, 0)], [100], 0) == 16  # M
+    assert drv._num_rounds(eng, [_req(100, 0)], [999 - 4 * 7], 0) == 7  # room for 7 rounds of R = 4 rows
+    drv, eng = _sizer(K=3, M=16)  # nothing measured yet: 1 + K / 2 tokens a round
+    assert drv._num_rounds(eng, [_req(100, 75)], [100], 0) == 10
