@@ -2,28 +2,34 @@
 round bodies run uncaptured, with the torch references of the fused ops): regular decoding's and
 EAGLE's rounds give the eager engine's regular-decoding tokens, whatever the batch, the requests'
 lengths and stops, and leave the engine able to go on with ordinary steps."""
-import pytest
+import os
 
-from specserve import LLM, SamplingParams
-from specserve.cuda.eagle_graph import EagleChainGraphs
-from specserve.engine import rounds
-from specserve.engine.graph_runner import GraphModelRunner
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: its kernels run on CPU
+
+import pytest  # noqa: E402
+
+from specserve import LLM, SamplingParams  # noqa: E402
+from specserve.attention import triton_paged  # noqa: E402
+from specserve.cuda.eagle_graph import EagleChainGraphs  # noqa: E402
+from specserve.engine import rounds  # noqa: E402
+from specserve.engine.graph_runner import GraphModelRunner  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n", "class Stack:", "SELECT name FROM"]
 KW = dict(block_kernels=False, max_model_len=512, prefill_chunk=None, kv_cache_gib=0.05)
 
 
-def _with_rounds(llm: LLM, max_rounds: int, draft_len: int = 3, beam: int = 1, top_k: int = 1):
+def _with_rounds(llm: LLM, max_rounds: int, draft_len: int = 3, beam: int = 1, top_k: int = 1, triton: bool = False):
     """What LLMEngine builds on CUDA with cuda_rounds: the graph runner, EAGLE's graph passes, the rounds
-    (beam > 1: what shape "tree" with tree_beam = beam and tree_top_k = top_k asks for)."""
+    (beam > 1: what shape "tree" with tree_beam = beam and tree_top_k = top_k asks for; triton: the
+    fused Triton kernels, under the interpreter, instead of their torch references)."""
     eng = llm.engine
     eager = eng.runner
     eng.runner = GraphModelRunner(eager.model, eager.kv, eager.device, eager.attention, eager.plain_attention,
                                   max_seqs=8, max_model_len=512, max_graph_tokens=32 * beam, max_step_tokens=256,
-                                  use_triton=False)
+                                  use_triton=triton)
     if eng.speculator is not None:
         d = eng.speculator.drafter
-        d.chain_graphs = EagleChainGraphs(d, 8, 512, capture=False, use_triton=False)
+        d.chain_graphs = EagleChainGraphs(d, 8, 512, capture=False, use_triton=triton)
         eng.config.speculative.draft_len = draft_len
         if beam > 1:
             sc = eng.config.speculative
@@ -76,6 +82,19 @@ def test_tree_rounds_give_regular_decodings_tokens(caching, top_k):
     assert r.dev.rounds > 0 and 0 < r.dev.accepted <= r.dev.drafted
     assert int(r.dev.moved) > 0  # accepted nodes came from the tree's rows: their K/V were moved
     assert llm.engine.scheduler.blocks.num_free_blocks == llm.engine.scheduler.blocks.num_blocks
+
+
+@pytest.mark.full
+@pytest.mark.skipif(not triton_paged.available(), reason="triton not installed (pip install '.[gpu-test]')")
+def test_tree_rounds_through_the_triton_kernels():
+    """The same through the Triton kernels the GPU runs (attention with the draft's and the target's
+    tree masks, RoPE and KV writes, norms), under the interpreter: two requests, 12 and 7 tokens."""
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in (12, 7)]
+    ref = _tokens(LLM(**KW), PROMPTS[:2], params)
+    llm = LLM(speculative={"method": "draft", "fallback": False}, **KW)
+    r = _with_rounds(llm, max_rounds=4, draft_len=3, beam=3, top_k=3, triton=True)
+    assert _tokens(llm, PROMPTS[:2], params) == ref
+    assert r.dev.rounds > 0 and int(r.dev.moved) > 0
 
 
 def test_rounds_stop_where_regular_decoding_stops():
