@@ -55,6 +55,11 @@ class ModelConfig:
     # between host syncs (cuda/rounds.py); 0: one step per sync. Ignored on CPU.
     cuda_rounds: int = option(16, "on CUDA with graphs, run up to N greedy decode rounds (EAGLE: draft, verify and "
                                   "accept) on the GPU per host sync (default 16; 0: one step per sync)")
+    # The target's projections and LM head by one fixed-tile kernel (cuda/linear.py): a row's result is
+    # the same bits whatever the pass's other rows, so greedy speculation gives regular decoding's tokens
+    # in bfloat16 too (cuBLAS tiles by row count). Needs triton; ignored on CPU.
+    batch_invariant: bool = option(False, "on CUDA with graphs, the target's projections by one fixed-tile kernel: "
+                                          "greedy speculation then gives regular decoding's tokens in bfloat16 too")
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -71,6 +76,8 @@ class ModelConfig:
         if not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         _check_int("cuda_rounds", self.cuda_rounds, 0)
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be True or False, got {self.batch_invariant!r}")
 
     def resolved_dtype(self) -> str:
         """auto: bfloat16 on CUDA (GGUF weights dequantised at load; half the bytes a step reads),

@@ -14,6 +14,8 @@
 #                               tables, traces, synced phase times, graph replay times)
 #   bench/gpu/check.sh stash    keep the GGUF half that came (for a later spec/smollm call on the same machine)
 #   bench/gpu/check.sh invariance  whether a projection's rows round the same at every row count (cuBLAS)
+#   bench/gpu/check.sh rounds   invariance, then spec (bf16 chains and trees in rounds, the same batch-invariant,
+#                               fp32, the default prefill chunk) and smollm, into one rounds.tgz (~6 min)
 #   bench/gpu/check.sh dry      both stages with tiny sizes on CPU: checks this script without a GPU
 # Results (JSON + logs) go to $OUT (the device tool's folder) or bench/results/gpu/;
 # bench/gpu/table.py turns them into the markdown table.
@@ -45,11 +47,29 @@ case "${1:-}" in
             | tee "$OUT_DIR/smollm.log" ;;
   stash)  echo "kept: $(ls /tmp/specserve-gpu)" ;;  # carry the first half only
   invariance) $PY bench/gpu/invariance.py | tee "$OUT_DIR/invariance.json" ;;
+  rounds) # issue 41's open table in one call (after `stash`, ~6 min): trees in rounds, batch-invariant
+          # projections, fp32, the default prefill chunk, then the smollm stage; one archive (8 files at most
+          # come back from a device call)
+    R=/tmp/specserve-rounds; rm -rf $R; mkdir -p $R/inv $R/bf16 $R/bi $R/fp32 $R/chunk $R/smollm
+    pack() { tar czf "$OUT_DIR/rounds.tgz" -C /tmp specserve-rounds; }
+    T=3x4x1,3x4x4,4x4x4,3x6x6
+    S="spec --rounds 16 --rounds-only --prefill-chunk none"
+    OUT=$R/inv bash "$0" invariance > $R/inv/out.log 2>&1; pack
+    OUT=$R/bf16 STAGE_TIMEOUT=150 bash "$0" $S --spec-dtype bfloat16 --spec-lens 2,3 --tree-rounds $T --step-log \
+      > $R/bf16/out.log 2>&1; pack
+    OUT=$R/bi STAGE_TIMEOUT=100 bash "$0" $S --spec-dtype bfloat16 --spec-lens 3 --tree-rounds 3x4x4,4x4x4 --batch-invariant \
+      > $R/bi/out.log 2>&1; pack
+    OUT=$R/fp32 STAGE_TIMEOUT=100 bash "$0" $S --spec-dtype float32 --spec-lens 3 --tree-rounds 3x4x4,4x4x4 \
+      > $R/fp32/out.log 2>&1; pack
+    OUT=$R/chunk STAGE_TIMEOUT=70 bash "$0" spec --rounds 16 --rounds-only --spec-lens 2 --tree-rounds 3x4x4 \
+      > $R/chunk/out.log 2>&1; pack
+    OUT=$R/smollm STAGE_TIMEOUT=200 bash "$0" smollm > $R/smollm/out.log 2>&1; pack
+    grep -hE "speedup|identical|done in|Error" $R/*/out.log | tail -60 ;;
   spec)   timeout "${STAGE_TIMEOUT:-200}" $PY bench/gpu/run.py smollm --only spec --out "$OUT_DIR" "${@:2}" 2>&1 \
             | tee "$OUT_DIR/spec.log" ;;
   profile) timeout "${STAGE_TIMEOUT:-300}" $PY bench/gpu/run.py smollm --only profile --out "$OUT_DIR" "${@:2}" 2>&1 \
             | tee "$OUT_DIR/profile.log" ;;
   dry)    OMP_NUM_THREADS=1 $PY bench/gpu/run.py shape --device cpu --dry-run --out "$OUT_DIR" \
             && OMP_NUM_THREADS=1 $PY bench/gpu/run.py smollm --device cpu --dry-run --out "$OUT_DIR" ;;
-  *)      echo "usage: bench/gpu/check.sh shape|smollm|spec|profile|stash|invariance|dry [run.py options]"; exit 2 ;;
+  *)      echo "usage: bench/gpu/check.sh shape|smollm|spec|profile|stash|invariance|rounds|dry [run.py options]"; exit 2 ;;
 esac

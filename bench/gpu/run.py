@@ -293,6 +293,7 @@ def stage_smollm(args, rec) -> None:
     texts = humaneval_prompts(16)
     # one step per host sync unless a variant asks for rounds (cuda_rounds): the baselines of runs 1-8
     kw = dict(device=dev, max_num_seqs=16, kv_cache_gib=1.0 if not dry else 0.25, cuda_rounds=0,
+              batch_invariant=args.batch_invariant,
               prefill_chunk=None if args.prefill_chunk == "none" else args.prefill_chunk)
     regular: dict = {}
 
@@ -679,6 +680,8 @@ def main(argv=None) -> int:
                    "in one step, so a batch's sequences all decode from the same step: decode speed alone)")
     p.add_argument("--step-log", action="store_true", help="smollm: record every engine step's ms and paths")
     p.add_argument("--rounds-only", action="store_true", help="with --only spec: the rounds variants only")
+    p.add_argument("--batch-invariant", action="store_true", help="smollm: every engine with batch_invariant "
+                   "(cuda/linear.py: the target's projections by one fixed tiling)")
     p.add_argument("--tree-rounds", default="", help="with --only spec: EAGLE token trees in rounds, KxWxT each "
                    "(K levels of W nodes, each level from the top T children of the last), comma-separated")
     p.add_argument("--compile-batches", default="1", help="batch sizes for HF static cache + torch.compile")

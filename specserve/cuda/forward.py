@@ -12,14 +12,17 @@ from typing import Optional
 import torch
 
 from ..attention.triton_paged import attention_torch, attention_triton
-from . import ops
+from . import linear, ops
 from .buffers import StaticInputs
 
 
 class StaticForward:
-    def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, inputs: StaticInputs, use_triton: bool):
+    def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, inputs: StaticInputs, use_triton: bool,
+                 invariant: bool = False):
         """model: a models.llama.LlamaModel with dense projections (CUDA, or CPU without block
-        kernels); k_cache/v_cache [layers, slots, Hkv, D] (kv.cache.KVCache's)."""
+        kernels); k_cache/v_cache [layers, slots, Hkv, D] (kv.cache.KVCache's); invariant: the
+        projections and LM head by cuda/linear.py's fixed tiling (each row's bits independent of the
+        pass's other rows) instead of the library's matmul."""
         if any(lin.block is not None for w in model.layers for lin in (w.qkv, w.o, w.gate_up, w.down)):
             raise ValueError("a static step needs dense projections (the block kernels are the CPU path)")
         self.model, self.k_cache, self.v_cache, self.inputs = model, k_cache, v_cache, inputs
@@ -27,6 +30,9 @@ class StaticForward:
         self.rope_store = ops.rope_store_triton if use_triton else ops.rope_store_torch
         self.silu_mul = ops.silu_mul_triton if use_triton else ops.silu_mul_torch
         self.attend = attention_triton if use_triton else attention_torch
+        if invariant and not linear.available():
+            raise ValueError("batch_invariant needs triton")
+        self.lin = linear.project if invariant else (lambda lin, x: lin(x))
 
     @torch.inference_mode()
     def __call__(self, T: int, logits_rows: Optional[torch.Tensor] = None,
@@ -46,17 +52,18 @@ class StaticForward:
         for li, w in enumerate(m.layers):
             kc, vc = self.k_cache[li], self.v_cache[li]
             x, h = self.norm(x, delta, w.attn_norm, eps)
-            qkv = w.qkv(h)  # [T, (H + 2 Hkv) D], bias included
+            qkv = self.lin(w.qkv, h)  # [T, (H + 2 Hkv) D], bias included
             self.rope_store(qkv, positions, cos, sin, kc, vc, slots, H, Hkv, D)  # q rotated in place; k, v cached
             q = qkv[:, :H * D].view(T, H, D)  # a strided view: row stride (H + 2 Hkv) D
-            x, h = self.norm(x, w.o(self.attend(q, kc, vc, inp, m.scale).reshape(T, H * D)), w.ffn_norm, eps)
-            delta = w.down(self.silu_mul(w.gate_up(h)))
+            a = self.attend(q, kc, vc, inp, m.scale).reshape(T, H * D)
+            x, h = self.norm(x, self.lin(w.o, a), w.ffn_norm, eps)
+            delta = self.lin(w.down, self.silu_mul(self.lin(w.gate_up, h)))
         x, h = self.norm(x, delta, m.norm, eps)
         if logits_rows is not None:
             h = h.index_select(0, logits_rows)
         if out is None:
-            return m.lm_head(h).float(), x
+            return self.lin(m.lm_head, h).float(), x
         logits, hidden = out[0][:T], out[1][:T]
-        logits.copy_(m.lm_head(h))  # the cast to float32 that .float() would make, into the buffer
+        logits.copy_(self.lin(m.lm_head, h))  # the cast to float32 that .float() would make, into the buffer
         hidden.copy_(x)
         return logits, hidden

@@ -31,11 +31,12 @@ class GraphModelRunner(ModelRunner):
     def __init__(self, model, kv_cache: KVCache, device: torch.device, attention: str = "split",
                  plain_attention: Optional[str] = None, max_seqs: int = 64, max_model_len: int = 2048,
                  max_graph_tokens: int = 128, max_step_tokens: int = 0, capture: Optional[bool] = None,
-                 use_triton: Optional[bool] = None):
+                 use_triton: Optional[bool] = None, invariant: bool = False):
         """max_step_tokens: the most tokens a step may bring (the scheduler's budget); steps past the
         graphs up to it run the fused kernels eagerly when use_triton. capture: record CUDA graphs
         (default: on CUDA); without, static steps run their kernels eagerly (what the CPU tests
-        check). use_triton: the fused Triton ops (default: when triton imports and the device is CUDA)."""
+        check). use_triton: the fused Triton ops (default: when triton imports and the device is CUDA).
+        invariant: batch-invariant projections (cuda/linear.py)."""
         super().__init__(model, kv_cache, device, attention, plain_attention)
         self.sizes = capture_sizes(max_graph_tokens)
         bs = kv_cache.block_size
@@ -44,7 +45,7 @@ class GraphModelRunner(ModelRunner):
         self.fused_eager = use_triton
         rows = max(self.sizes[-1], max_step_tokens if use_triton else 0)
         self.inputs = StaticInputs(rows, max_seqs, -(-max_model_len // bs), MAX_GRAPH_SPAN, bs, device)
-        self.static = StaticForward(model, kv_cache.k, kv_cache.v, self.inputs, use_triton)
+        self.static = StaticForward(model, kv_cache.k, kv_cache.v, self.inputs, use_triton, invariant)
         # the graphs' outputs, shared by all of them
         top = self.sizes[-1]
         self.out = (torch.empty(top, model.lm_head.dense.shape[0], dtype=torch.float32, device=device),
@@ -79,13 +80,15 @@ class GraphModelRunner(ModelRunner):
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - t0
 
-    def time_pass(self, table: list[int], n: int, context: int, mode: str = "pad", repeats: int = 1) -> float:
+    def time_pass(self, table: list[int], n: int, context: int, mode: str = "pad", repeats: int = 1,
+                  prompt: bool = False) -> float:
         """cost_model.time_pass through this runner: seconds of the fastest of `repeats` steps of one
         span of n rows after `context` tokens (the last n - 1 as a draft: logits at every row, as a
-        verify span), on the graph or the fused path the span would take when serving."""
-        r = Request("calibrate", [0] * (context + 1), SamplingParams(temperature=0))
+        verify span; prompt: a prompt chunk, logits at its last row), on the graph or the fused path
+        the span would take when serving."""
+        r = Request("calibrate", [0] * (context + (n if prompt else 1)), SamplingParams(temperature=0))
         r.block_table = table
-        step = [ScheduledRequest(r, context, n, Draft([0] * (n - 1)) if n > 1 else None)]
+        step = [ScheduledRequest(r, context, n, Draft([0] * (n - 1)) if n > 1 and not prompt else None)]
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()

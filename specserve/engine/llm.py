@@ -50,7 +50,7 @@ class LLM:
     LLM("model.gguf", speculative="lookup", kv_cache_gib=2.0)
 
     Each keyword is a field of the config dataclasses in specserve/config.py, documented there (the
-    CLI's --help shows the same text): ModelConfig (model ... cuda_rounds), LoadConfig (check_*),
+    CLI's --help shows the same text): ModelConfig (model ... batch_invariant), LoadConfig (check_*),
     CacheConfig, SchedulerConfig, GuidedConfig (its fields prefixed guided_), and speculative: None
     (regular decoding), a method name (registry.DRAFTERS) or a dict of SpeculativeConfig's fields.
     Speculation and guided fast-forward never change the output: greedy and seeded sampling token for
@@ -63,11 +63,11 @@ class LLM:
                  max_model_len: Optional[int] = None, speculative: Union[dict, str, SpeculativeConfig, None] = None,
                  guided_fast_forward: bool = True, enable_prefix_caching: bool = True,
                  prefill_chunk: Union[int, str, None] = "auto", cuda_graphs: bool = True, cuda_rounds: int = 16,
-                 check_tensors: bool = False, check_memory: bool = True):
+                 batch_invariant: bool = False, check_tensors: bool = False, check_memory: bool = True):
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, device=device, block_kernels=block_kernels,
                               activations=activations, num_threads=num_threads, cuda_graphs=cuda_graphs,
-                              cuda_rounds=cuda_rounds),
+                              cuda_rounds=cuda_rounds, batch_invariant=batch_invariant),
             load=LoadConfig(check_tensors=check_tensors, check_memory=check_memory),
             cache=CacheConfig(block_size=block_size, kv_cache_gib=kv_cache_gib, enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

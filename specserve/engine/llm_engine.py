@@ -110,9 +110,12 @@ class LLMEngine:
         blocks = BlockManager(num_blocks, cc.block_size, self.prefix_caching)
         self.prefill_chunk = sc.prefill_chunk  # SARATHI's chunk: "auto" measures this machine's
         if sc.prefill_chunk == "auto":
+            graphs = hasattr(self.runner, "graphs")  # on CUDA: timed on the path prompts take (graphs, fused kernels)
             key = (self.model_path, mc.resolved_dtype(), mc.device, mc.block_kernels, mc.activations,
-                   torch.get_num_threads())
-            self.prefill_chunk = measure_prefill_chunk(key, self.model, self.kv, blocks, sc.max_num_batched_tokens)
+                   torch.get_num_threads(), graphs)
+            timer = (lambda table, n, repeats: self.runner.time_pass(table, n, 0, repeats=repeats, prompt=True)) if graphs else None
+            self.prefill_chunk = measure_prefill_chunk(key, self.model, self.kv, blocks, sc.max_num_batched_tokens,
+                                                       time_fn=timer)
         self.scheduler = Scheduler(blocks, sc.max_num_seqs, sc.max_num_batched_tokens, self.prefill_chunk)
         if spec_config is not None:
             if spec_config.fallback:
@@ -436,7 +439,7 @@ def _graph_runner(eager: ModelRunner, config: EngineConfig, max_model_len: int) 
     return GraphModelRunner(eager.model, eager.kv, eager.device, eager.attention, eager.plain_attention,
                             max_seqs=sc.max_num_seqs, max_model_len=max_model_len,
                             max_graph_tokens=min(256, sc.max_num_batched_tokens),
-                            max_step_tokens=sc.max_num_batched_tokens)
+                            max_step_tokens=sc.max_num_batched_tokens, invariant=config.model.batch_invariant)
 
 
 def _graph_drafter(drafter, config: EngineConfig, max_model_len: int) -> None:

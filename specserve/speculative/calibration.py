@@ -110,10 +110,16 @@ CHUNK_SIZES = (16, 32, 64, 128, 256)  # prompt tokens per timed pass (capped by 
 _measured: dict[tuple, int] = {}  # (model, dtype, device, blocks, activations, threads, budget) -> chunk: once per process
 
 
-def measure_prefill_chunk(key: tuple, model, kv, blocks, max_tokens: int, tolerance: float = 0.1) -> int:
+def measure_prefill_chunk(key: tuple, model, kv, blocks, max_tokens: int, tolerance: float = 0.1,
+                          time_fn=None) -> int:
     """The prefill chunk for this machine (see the module doc). key identifies the model setup (the
     measurement is kept for the process); kv: the target's KVCache; blocks: its BlockManager (a
-    scratch table is taken and given back); max_tokens: the scheduler's token budget per step."""
+    scratch table is taken and given back); max_tokens: the scheduler's token budget per step.
+    time_fn(table, n, repeats): seconds of the fastest of `repeats` prompt passes of n tokens the way
+    the engine's runner serves them (engine/graph_runner.py: graphs up to 16 tokens, the fused kernels
+    past them), each size timed twice: a size's first pass on a GPU also pays for the library's kernel
+    pick, and one pass a size read a flat curve as a falling one (16 tokens a step on an H100,
+    docs/decisions.md#device-rounds). None: the model's own forward, once a size."""
     key = key + (max_tokens,)
     if key in _measured:
         return _measured[key]
@@ -123,10 +129,15 @@ def measure_prefill_chunk(key: tuple, model, kv, blocks, max_tokens: int, tolera
         return max(sizes)
     blocks.allocate(table, max(sizes))
     rate: dict[int, float] = {}  # tokens per second
+    if time_fn is None:
+        time_fn = lambda table, n, repeats: time_pass(model, kv, table, n, every_row=False, repeats=repeats)  # noqa: E731
+        repeats = 1
+    else:
+        repeats = 2
     try:
-        time_pass(model, kv, table, sizes[0], every_row=False)  # warm-up
+        time_fn(table, sizes[0], 1)  # warm-up
         for i, n in enumerate(sizes):
-            rate[n] = n / time_pass(model, kv, table, n, every_row=False)
+            rate[n] = n / time_fn(table, n, repeats)
             if i and rate[n] < (1 + tolerance) * rate[sizes[i - 1]]:
                 break
     finally:

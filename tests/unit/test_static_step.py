@@ -52,9 +52,10 @@ def _prefilled(model, dtype=torch.float32):
     return kv, step
 
 
-@pytest.mark.parametrize("fused", ["torch", "triton"])
+@pytest.mark.parametrize("fused", ["torch", "triton", "triton-invariant"])
 def test_static_step_matches_the_eager_runner(fused):
-    if fused == "triton" and not triton_paged.available():
+    """(triton-invariant: the projections and LM head by cuda/linear.py's fixed tiling too.)"""
+    if fused != "torch" and not triton_paged.available():
         pytest.skip("triton not installed (pip install '.[gpu-test]')")
     model = _model()
     kv, step = _prefilled(model)
@@ -63,7 +64,7 @@ def test_static_step_matches_the_eager_runner(fused):
     kv_static.v.copy_(kv.v)
     ref = ModelRunner(model, kv, CPU, attention="pad").execute(step, return_hidden=True)
     runner = GraphModelRunner(model, kv_static, CPU, "pad", max_seqs=4, max_model_len=64, max_graph_tokens=16,
-                              use_triton=fused == "triton")
+                              use_triton=fused != "torch", invariant=fused == "triton-invariant")
     out = runner.execute(step, return_hidden=True)
     assert runner.counts["graph"] == 1  # 9 tokens, padded to the captured 12
     assert [r.logits for r in out.rows] == [r.logits for r in ref.rows]
@@ -139,3 +140,17 @@ def test_time_pass_times_a_verify_span_on_the_path_serving_takes():
               time_fn=runner.time_pass)
     assert sorted(costs.calibrated) == [1, 2, 4, 8, 16]
     assert runner.counts["eager"] == 3  # 16 rows, past the graphs: eager (no triton), the best of three
+
+
+def test_a_timed_prompt_pass_takes_the_path_a_prompt_chunk_takes():
+    """What measure_prefill_chunk times on CUDA: a prompt of up to 16 tokens replays a graph, a longer one
+    runs past the graphs (the fused kernels, or here without triton the model's own forward)."""
+    model = _model()
+    kv = KVCache(2, 12, 4, 2, 16, torch.float32, CPU)
+    runner = GraphModelRunner(model, kv, CPU, "pad", max_seqs=4, max_model_len=64, max_graph_tokens=16,
+                              use_triton=False)
+    table = list(range(8))
+    assert runner.time_pass(table, 12, 0, repeats=2, prompt=True) > 0
+    assert runner.counts == {"graph": 2}
+    runner.time_pass(table, 20, 0, prompt=True)
+    assert runner.counts == {"graph": 2, "eager": 1}
