@@ -17,9 +17,18 @@ A round, R = 1 + K rows per sequence:
   accept    n = the leading run of d_j == a_(j-1). The new tokens are a_0 .. a_n (an accepted draft
             token is the target's own argmax), so Ptok = a, P = hidden, c = n + 1, L += n + 1,
             last = a_n.
+A token tree (beam W > 1: EAGLE-2's expansion with a fixed beam, so every shape is static): level 1 is
+the draft's best W first tokens, level j + 1 the W best (by the draft's log-probability of the path) of
+the top_k children of each level-j node, fed as W draft rows a level that see their ancestors (tree
+masks in the draft's attention). The verify takes the last token and the W K nodes level by level, node
+i of level j at position L + j in KV row L + 1 + (j - 1) W + i (past L: span_start L + 1, the nodes'
+ancestor masks); acceptance walks down from the root, at each level taking the child whose token is
+the target's argmax at its parent, and the accepted nodes' K/V move from their tree rows to their
+positions' rows in every layer, so the next round finds the KV as a chain leaves it.
 With K = 0 (no drafter) a round is one regular decode step. A row's argmax is the token regular
 decoding picks at that position after the same context: exactly in float32; in bfloat16 up to the
-rounding of a product of R rows per sequence against regular decoding's one (README, GPU section).
+rounding of a product of 1 + K (a tree: 1 + W K) rows per sequence against regular decoding's one,
+unless the projections are batch-invariant (cuda/linear.py, ModelConfig.batch_invariant).
 A sequence that stops during the M rounds goes on computing into its reserved KV slots; the host
 drops its tokens past the stop.
 
