@@ -12,7 +12,8 @@ The queue drains, and the ordinary step takes over, when a request arrives or no
 Taken only where the rounds give what the ordinary steps give: no request waiting or still in its
 prompt, all greedy, none guided, biased, asking for log-probabilities or refusing speculation, the
 EAGLE drafter holding every target feature but the last (it feeds a new prompt's first), and KV room
-for the rounds' positions in both caches. Anything else goes through the ordinary step, which this never changes.
+for the rounds' positions in both caches. Anything else goes through the ordinary step, which this
+never changes.
 """
 from __future__ import annotations
 
@@ -104,13 +105,8 @@ class RoundsDriver:
                     or p.needs_logprobs or p.speculative is False or engine._guide(r) is not None):
                 return None
         d = self.drafter
-        if d is not None:
-            if not all(d._ready(r) and d.num_pending.get(r.request_id, 0) >= 1 for r in running):
-                return None
-            # a request just past its prompt: the draft feeds the prompt's features now, so the rounds
-            # start at once instead of after an ordinary speculative step (their catch-up takes <= R)
-            if not d.feed_all_but(running, 1):
-                return None
+        if d is not None and not all(d._ready(r) and d.num_pending.get(r.request_id, 0) >= 1 for r in running):
+            return None
         return list(running)
 
     def _num_rounds(self, engine, reqs: list[Request], start: list[int], queued: int) -> int:
@@ -120,7 +116,7 @@ class RoundsDriver:
         0 where the queued rounds should finish every request: if they fall short, the next step
         launches a run from the host's state. (Counting each round at R tokens made the last runs of a
         request a tail of small ones, each queued one counted at 1 token wasted rounds:
-        docs/decisions.md#device-rounds.)"""
+        docs/decisions.md#tree-rounds.)"""
         R, per = self.dev.R, self._per_round()
         left = max(r.params.max_tokens - len(r.output_token_ids) for r in reqs) - queued * per
         room = min(engine.max_model_len - 1 - s for s in start)
@@ -149,14 +145,17 @@ class RoundsDriver:
     # --- queueing -------------------------------------------------------------------------------
     def _start(self, engine) -> bool:
         reqs = self._eligible(engine)
-        if reqs is None:
+        d = self.drafter
+        # a request just past its prompt: the draft feeds the prompt's features now, so the rounds start
+        # at once instead of after an ordinary speculative step (a round's catch-up takes at most R)
+        if reqs is None or (d is not None and not d.feed_all_but(reqs, 1)):
             return False
         start = [r.num_computed_tokens + self.dev.scratch for r in reqs]  # a tree's rows past the rounds'
         M = self._num_rounds(engine, reqs, start, 0)
         end = [s + M * self.dev.R for s in start]
         if M < 1 or not self._reserve(engine, reqs, end):
             return False
-        d, seqs = self.drafter, []
+        seqs = []
         for r in reqs:
             L = r.num_computed_tokens
             s = RoundsInput(L, r.token_at(L), r.block_table)
