@@ -95,7 +95,9 @@ class DeviceRounds:
         inp = runner.inputs
         self.Rv = Rv = 1 + W * K  # verify rows a sequence: the last token, then the tree's W K nodes
         if W < 1 or top_k < 1 or (W > 1 and W * K > inp.max_span) or Rv > runner.out[0].shape[0]:
-            raise ValueError(f"a tree of {K} levels of {W}: past the buffers' rows a sequence")
+            raise ValueError(f"a tree of {K} levels (draft_len) of {W} nodes (tree_beam) in CUDA rounds takes {W * K} "
+                             f"tree rows and {Rv} verify rows a sequence, past the buffers' {inp.max_span} and "
+                             f"{runner.out[0].shape[0]}: draft a smaller tree, or run without rounds (--cuda-rounds 0)")
         R = K + 1
         self.R, self.M = R, max_rounds
         self.scratch = (W - 1) * K  # KV rows a round's tree takes past its R

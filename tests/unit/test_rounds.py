@@ -3,6 +3,7 @@ run queued after it give the eager runner's greedy tokens step by step, and a se
 the queued run writes nothing into the KV cache."""
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from specserve.cuda.rounds import DeviceRounds, RoundsInput
@@ -96,3 +97,10 @@ def test_runs_are_sized_by_the_tokens_a_round_measured():
     assert drv._num_rounds(eng, [_req(100, 0)], [999 - 4 * 7], 0) == 7  # room for 7 rounds of R = 4 rows
     drv, eng = _sizer(K=3, M=16)  # nothing measured yet: 1 + K / 2 tokens a round
     assert drv._num_rounds(eng, [_req(100, 75)], [100], 0) == 10
+
+
+def test_a_tree_past_the_buffers_is_refused_with_what_to_change():
+    runner = GraphModelRunner(_model(), KVCache(2, 15, BS, 2, 16, torch.float32, CPU), CPU, "pad", max_seqs=4,
+                              max_model_len=64, max_graph_tokens=32, use_triton=False)
+    with pytest.raises(ValueError, match="cuda-rounds 0"):
+        DeviceRounds(runner, object(), draft_len=4, beam=8, top_k=8)  # 1 + 32 verify rows > the 32 captured
