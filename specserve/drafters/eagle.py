@@ -149,40 +149,35 @@ class EagleDrafter(Drafter):
             return True
         if not all(self.kv.reserve(r.request_id, r.num_tokens - 1) for r in reqs):
             return False
+        self._feed(reqs, keep)
+        return True
+
+    def _catch_up(self, live: list[Request]) -> tuple[torch.Tensor, list[int]]:
+        """Feed every unconsumed target feature, with the token that follows it -> (the predicted
+        feature at each request's last position [B, hidden], the rows fed per request)."""
+        pred, q_lens = self._feed(live, 0)
+        last = torch.cumsum(torch.tensor(q_lens, device=pred.device), 0) - 1  # each request's last row
+        return pred.index_select(0, last), q_lens
+
+    def _feed(self, reqs: list[Request], keep: int) -> tuple[torch.Tensor, list[int]]:
+        """Feed each request's unconsumed target features but its last `keep`, each with the token that
+        follows it -> (the predicted features of the rows fed [rows, hidden], the rows fed per request)."""
         feats, toks, q_lens, kv_lens, positions = [], [], [], [], []
         for r in reqs:
             rid, done = r.request_id, self.kv.num_done[r.request_id]
-            f = torch.cat(self.pending[rid])  # [m, hidden], positions done .. N - 2
+            f = torch.cat(self.pending.pop(rid))  # [m + keep, hidden], positions done .. N - 2
             m = len(f) - keep
             feats.append(f[:m])
             toks.extend(r.token_at(t + 1) for t in range(done, done + m))
             positions.extend(range(done, done + m))
             q_lens.append(m)
             kv_lens.append(done + m)
-            self.pending[rid], self.num_pending[rid] = [f[m:]], keep
-            self.kv.num_done[rid] = done + m
-        self._forward(reqs, torch.cat(feats), toks, positions, q_lens, kv_lens)
-        return True
-
-    def _catch_up(self, live: list[Request]) -> tuple[torch.Tensor, list[int]]:
-        """Feed every unconsumed target feature, with the token that follows it -> (the predicted
-        feature at each request's last position [B, hidden], the rows fed per request)."""
-        feats, toks, q_lens, kv_lens, positions = [], [], [], [], []
-        for r in live:
-            done = self.kv.num_done[r.request_id]
-            f = torch.cat(self.pending.pop(r.request_id))  # [m, hidden], positions done .. N - 2
-            self.num_pending.pop(r.request_id)
-            m = len(f)
-            feats.append(f)
-            toks.extend(r.token_at(t + 1) for t in range(done, done + m))
-            positions.extend(range(done, done + m))
-            q_lens.append(m)
-            kv_lens.append(done + m)
-        pred = self._forward(live, torch.cat(feats), toks, positions, q_lens, kv_lens)
-        last = torch.cumsum(torch.tensor(q_lens, device=pred.device), 0) - 1  # each request's last row
-        for r, kl in zip(live, kv_lens):
-            self.kv.num_done[r.request_id] = kl  # real rows only; speculative rows are not counted
-        return pred.index_select(0, last), q_lens
+            if keep:
+                self.pending[rid], self.num_pending[rid] = [f[m:]], keep
+            else:
+                self.num_pending.pop(rid)
+            self.kv.num_done[rid] = done + m  # real rows only; speculative rows are not counted
+        return self._forward(reqs, torch.cat(feats), toks, positions, q_lens, kv_lens), q_lens
 
     def _tree_drafts(self, live: list[Request], f_hat: torch.Tensor, depth: int, min_confidence: Optional[float],
                      shape: TreeShape) -> dict[str, Draft]:
