@@ -1,15 +1,42 @@
-// The int8 VNNI kernel (run_vnni) timed alone on one thread over random packed blocks: type, rows M, K, N
-// from the command line; the best of 20 runs in GMAC/s (bench/q8_harness/run.sh builds it).
+// An int8 kernel timed alone on one thread over random packed blocks: type, rows M, K, N and the build
+// (vnni, amx, amx-emulated or amx-overhead; default vnni) from the command line; the best of 20 runs in GMAC/s, and
+// for a build other than vnni whether its output has run_vnni's bits (bench/q8_harness/run.sh builds it).
 #include "ops.h"
 #include "q8_blocks.h"
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include "kernel_amx.cpp"  // in this unit, so that its templates run with the Null unit below
+
+namespace specserve {
+namespace q8 {
+namespace {
+// A tile unit that does nothing: "amx-overhead" times the AMX build's own AVX-512 work (unpacking,
+// storing and scaling the products) alone, the part of its time any CPU can measure.
+struct Null {
+  static void configure(const Config&) {}
+  static void release() {}
+  template <int T> static void load(const void*, int64_t) {}
+  template <int T> static void zero() {}
+  template <int T> static void store(void*, int64_t) {}
+  template <int C, int B> static void dpbssd() {}
+};
+}  // namespace
+}  // namespace q8
+}  // namespace specserve
 using namespace specserve;
 using namespace specserve::q8;
 int main(int argc, char** argv) {
   int t = atoi(argv[1]); int64_t M = atoi(argv[2]); int64_t N = 1536, K = argc > 3 ? atoi(argv[3]) : 1536; int reps = 20;
   if (argc > 4) N = atoi(argv[4]);
+  const std::string build = argc > 5 ? argv[5] : "vnni";
+  if (build == "amx" && !cpu_has_amx_int8()) {
+    printf("type %d M=%ld: no AMX-INT8 on this CPU (or the OS refused it)\n", t, M);
+    return 0;
+  }
+  using Fn = void (*)(const PCall&, int, int64_t, int64_t);
+  const Fn kernel = build == "amx" ? run_amx : build == "amx-emulated" ? run_amx_emulated : build == "amx-overhead" ? Fn(run<Null>) : run_vnni;
+  if (build == "amx-emulated") reps = 1;
   std::mt19937 rng(1);
   const int elems = gguf::block_elems(t), bytes = gguf::block_bytes(t);
   int64_t groups = N / 16, nb = K / elems;
@@ -26,10 +53,17 @@ int main(int argc, char** argv) {
   double best = 1e9;
   for (int i = 0; i < reps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    run_vnni(c, 0, 0, groups);
+    kernel(c, 0, 0, groups);
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   double macs = double(M) * N * K;
-  float chk = 0; for (float v : y) chk += v;
-  printf("type %d M=%ld K=%ld N=%ld: %.3f ms  %.1f GMAC/s (chk %g)\n", t, M, K, N, best * 1e3, macs / best / 1e9, chk);
+  std::string same;
+  if (build != "vnni" && build != "amx-overhead") {  // the bits of every output, NaNs from the random scales included
+    std::vector<float> yv(M * N);
+    PCall cv{&seg, 1, a, yv.data(), M, K, N};
+    run_vnni(cv, 0, 0, groups);
+    same = std::memcmp(y.data(), yv.data(), y.size() * 4) == 0 ? ", vnni's bits" : ", NOT vnni's bits";
+  }
+  printf("type %d M=%ld K=%ld N=%ld %s: %.3f ms  %.1f GMAC/s%s\n", t, M, K, N, build.c_str(), best * 1e3, macs / best / 1e9,
+         same.c_str());
 }

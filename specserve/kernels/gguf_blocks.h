@@ -32,7 +32,7 @@ inline __m256i bits_to_bytes(uint32_t bits) {
 }
 
 // Elements and bytes per block of each type (0 for a type the kernels do not take).
-inline int block_elems(int t) {
+constexpr int block_elems(int t) {
   switch (t) {
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: case Q8_0: return 32;
     case Q4_K: case Q6_K: return 256;
@@ -40,7 +40,7 @@ inline int block_elems(int t) {
   }
 }
 
-inline int block_bytes(int t) {
+constexpr int block_bytes(int t) {
   switch (t) {
     case Q4_0: return 18;
     case Q4_1: return 20;

@@ -56,7 +56,8 @@ torch::Tensor gguf_dequantize_rows(torch::Tensor raw, int64_t type, torch::Tenso
 torch::Tensor q8_pack(torch::Tensor raw, int64_t type, int64_t K);
 torch::Tensor q8_linear(torch::Tensor x, const std::vector<torch::Tensor>& w);
 torch::Tensor q8_reference(torch::Tensor x, const std::vector<torch::Tensor>& raws, const std::vector<int64_t>& types);
-std::string q8_kernel_build(c10::optional<std::string> want);  // q8_linear's build: vnni, avx2 or reference
+bool q8_build_agrees(const std::string& want);  // the start-up check a build must pass to be the default
+std::string q8_kernel_build(c10::optional<std::string> want);  // q8_linear's build: amx, vnni, avx2, reference, ...
 torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps);
 void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t D);
 torch::Tensor silu_mul(torch::Tensor gu);

@@ -11,7 +11,8 @@
 // summed in that one order whatever the number of rows beside it: a verify pass gives the bits of
 // one-token steps within the mode. q8_reference (q8_matmul.cpp) is this formula over the file's blocks;
 // the VNNI build (q8_matmul_avx512.cpp) runs it over a copy regrouped by q8_pack, 16 output columns
-// a group (one per 32-bit lane), with exactly the file's bytes per block.
+// a group (one per 32-bit lane), with exactly the file's bytes per block; the AVX2 and AMX builds read
+// the same copy.
 #pragma once
 #include "gguf_blocks.h"
 
@@ -174,11 +175,15 @@ struct PCall {
   int64_t M, K, N;
 };
 
-// The builds over groups g0 .. g1-1 of segment i: AVX-512 VNNI (q8_matmul_avx512.cpp) and AVX2
-// (q8_matmul_avx2.cpp).
+// The builds over groups g0 .. g1-1 of segment i: AVX-512 VNNI (q8_matmul_avx512.cpp), AVX2
+// (q8_matmul_avx2.cpp), AMX-INT8 tiles (q8_matmul_amx.cpp) and the same with the tile unit in software.
 void run_vnni(const PCall& c, int seg, int64_t g0, int64_t g1);
 void run_avx2(const PCall& c, int seg, int64_t g0, int64_t g1);
+void run_amx(const PCall& c, int seg, int64_t g0, int64_t g1);
+void run_amx_emulated(const PCall& c, int seg, int64_t g0, int64_t g1);
 bool cpu_has_vnni();
+bool cpu_has_avx512();    // F, BW, DQ, VL: what the emulated tile build needs
+bool cpu_has_amx_int8();  // AMX-TILE and AMX-INT8, with the OS's leave to use them
 
 }  // namespace q8
 }  // namespace specserve

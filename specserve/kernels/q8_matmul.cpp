@@ -3,6 +3,8 @@
 #include "ops.h"
 #include "q8_blocks.h"
 
+#include <cstdio>
+
 namespace specserve {
 namespace q8 {
 namespace {
@@ -126,10 +128,86 @@ float reference_one(int t, const uint8_t* row, const Acts& a, int64_t r, int64_t
   return y;
 }
 
-// Which build q8_linear runs: "vnni" where the CPU has AVX-512 VNNI, else "avx2"; "reference" on request.
+// Whether a build gives the reference's bits on this CPU, for every type, over two groups and two row
+// tiles of random blocks (finite scales). The AMX build must pass it before it becomes the default: it
+// was written and tested with its tile unit emulated only (docs/decisions.md#amx-int8), so on a CPU
+// where the real unit disagrees, VNNI stays and stderr says why.
+bool agrees(void (*run)(const PCall&, int, int64_t, int64_t), const char* name) {
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  const int64_t M = 20, K = 512, N = 2 * LANES;
+  auto x = torch::empty({M, K}, torch::kFloat32);
+  for (int64_t i = 0; i < M * K; ++i) x.data_ptr<float>()[i] = (static_cast<float>(next() % 2001) - 1000.0f) / 250.0f;
+  const Quantised qx = quantise(x, true);
+  const Acts a = qx.acts();
+  for (int t : {Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K}) {
+    const int bytes = block_bytes(t);
+    const int64_t nb = K / block_elems(t);
+    std::vector<uint8_t> raw(N * nb * bytes), packed(N * nb * bytes);
+    for (auto& b : raw) b = static_cast<uint8_t>(next());
+    const std::vector<int> scales = t == Q6_K ? std::vector<int>{208} : has_min(t) ? std::vector<int>{0, 2} : std::vector<int>{0};
+    for (int64_t i = 0; i < N * nb; ++i)
+      for (int at : scales) {
+        const uint16_t h = static_cast<uint16_t>(0x1400 + next() % 0x1000);  // fp16 in [2^-10, 2^-6)
+        std::memcpy(&raw[i * bytes + at], &h, 2);
+      }
+    for (int64_t g = 0; g < N / LANES; ++g)
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blocks[LANES];
+        for (int c = 0; c < LANES; ++c) blocks[c] = &raw[((g * LANES + c) * nb + b) * bytes];
+        pack_block(t, blocks, &packed[(g * nb + b) * LANES * bytes]);
+      }
+    std::vector<float> y(M * N);
+    const PSeg seg{packed.data(), t, N, 0};
+    run(PCall{&seg, 1, a, y.data(), M, K, N}, 0, 0, N / LANES);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t r = 0; r < M; ++r) {
+        const float want = reference_one(t, &raw[n * nb * bytes], a, r, K);
+        if (std::memcmp(&want, &y[r * N + n], 4) != 0) {
+          std::fprintf(stderr, "specserve: the %s build of the int8 kernels gave other bits than the reference on this CPU "
+                       "(GGML type %d, row %ld, column %ld: %.9g, not %.9g); it is not used. Please report it.\n",
+                       name, t, static_cast<long>(r), static_cast<long>(n), y[r * N + n], want);
+          return false;
+        }
+      }
+  }
+  return true;
+}
+
+// Which build q8_linear runs; by default the fastest this CPU has:
+//   "amx"   AMX-INT8 tiles for passes of more than AMX_MIN_ROWS rows, VNNI below (unless SPECSERVE_NO_AMX);
+//   "vnni"  AVX-512 VNNI;  "avx2"  AVX2's vpmaddubsw.
+// On request: "reference" (q8_reference), "amx-only" (tiles for every pass) and "amx-emulated" (the tile
+// build with the tile unit in software, every pass: its tests on AVX-512 CPUs without AMX). Every build
+// gives q8_reference's bits, so the choice moves only the speed.
+constexpr int64_t AMX_MIN_ROWS = 8;  // unmeasured (docs/decisions.md#amx-int8): the bf16 build's threshold
+
 std::string& build() {
-  static std::string b = cpu_has_vnni() ? "vnni" : "avx2";
+  static std::string b = cpu_has_amx_int8() && !std::getenv("SPECSERVE_NO_AMX") && agrees(run_amx, "AMX-INT8") ? "amx"
+                         : cpu_has_vnni() ? "vnni" : "avx2";
   return b;
+}
+
+bool can_run(const std::string& b) {
+  if (b == "reference" || b == "avx2") return true;
+  if (b == "vnni") return cpu_has_vnni();
+  if (b == "amx" || b == "amx-only") return cpu_has_amx_int8() && cpu_has_vnni();
+  if (b == "amx-emulated") return cpu_has_avx512();
+  return false;
+}
+
+using Run = void (*)(const PCall&, int, int64_t, int64_t);
+
+Run runner(const std::string& b, int64_t M) {
+  if (b == "avx2") return run_avx2;
+  if (b == "amx-emulated") return run_amx_emulated;
+  if (b == "amx-only" || (b == "amx" && M > AMX_MIN_ROWS)) return run_amx;
+  return run_vnni;
 }
 
 }  // namespace
@@ -203,10 +281,17 @@ torch::Tensor q8_reference(torch::Tensor x, const std::vector<torch::Tensor>& ra
   return y;
 }
 
+bool q8_build_agrees(const std::string& want) {
+  TORCH_CHECK(q8::can_run(want) && want != "reference", "q8_build_agrees: this CPU cannot run the ", want, " build");
+  return q8::agrees(q8::runner(want, 20), want.c_str());
+}
+
 std::string q8_kernel_build(c10::optional<std::string> want) {
+  // a build this CPU cannot run leaves the current one (the caller sees it in the answer)
   if (want) {
-    TORCH_CHECK(*want == "vnni" || *want == "avx2" || *want == "reference", "q8 builds: vnni, avx2, reference");
-    if (*want != "vnni" || q8::cpu_has_vnni()) q8::build() = *want;
+    TORCH_CHECK(*want == "amx" || *want == "vnni" || *want == "avx2" || *want == "reference" || *want == "amx-only" ||
+                *want == "amx-emulated", "q8 builds: amx, vnni, avx2, reference, amx-only, amx-emulated");
+    if (q8::can_run(*want)) q8::build() = *want;
   }
   return q8::build();
 }
@@ -246,12 +331,13 @@ torch::Tensor q8_linear(torch::Tensor x, const std::vector<torch::Tensor>& w) {
   if (M == 0) return y;
   const q8::Quantised qx = q8::quantise(x, false);
   const q8::PCall call{segs.data(), static_cast<int>(segs.size()), qx.acts(), y.data_ptr<float>(), M, K, first};
+  const q8::Run run = q8::runner(build, M);
   const int64_t grain = std::max<int64_t>(1, groups / (8 * at::get_num_threads()));
   at::parallel_for(0, groups, grain, [&](int64_t a, int64_t b) {
     int64_t start = 0;
     for (int i = 0; i < static_cast<int>(segs.size()); ++i) {
       const int64_t lo = std::max(a, start), hi = std::min(b, group_end[i]);
-      if (lo < hi) (build == "vnni" ? q8::run_vnni : q8::run_avx2)(call, i, lo - start, hi - start);
+      if (lo < hi) run(call, i, lo - start, hi - start);
       start = group_end[i];
     }
   });

@@ -1,7 +1,10 @@
 """Int8 activations (q8_matmul.cpp, issue 37) on random blocks of every GGUF type, at the widths real
-models have: the VNNI and AVX2 builds give the bits of the plain reference of the same quantisation; both stay
-within the quantisation's own error bound of the dense fp32 product; a row's bits do not depend on the
-rows beside it; stacked segments equal their parts."""
+models have: every build (AVX2, VNNI, AMX-INT8 tiles, and the tile build with the tile unit emulated in
+software) gives the bits of the plain reference of the same quantisation; they stay within the
+quantisation's own error bound of the dense fp32 product; a row's bits do not depend on the rows beside
+it; stacked segments equal their parts."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -16,14 +19,20 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason="no compiler / A
 TYPES = list(kernels.GGUF_TYPES)
 
 
-@pytest.fixture(params=["avx2", "vnni"])
+# "amx-only" runs the tiles for every row count ("amx", the default on AMX CPUs, sends passes of a few
+# rows to VNNI); "amx-emulated" is the same code with the tile unit in software, so the tile build's
+# unpacking, tile shapes and scaling are checked on every AVX-512 CPU, AMX or not.
+BUILDS = {"avx2": "", "vnni": "AVX-512 VNNI", "amx-only": "AMX-INT8 tiles", "amx-emulated": "AVX-512"}
+
+
+@pytest.fixture(params=list(BUILDS))
 def build(request):
     """q8_linear switched to one build for the test (the CPU's own choice restored after)."""
     ext = kernels.ext()
     before = ext.q8_kernel_build()
     if ext.q8_kernel_build(request.param) != request.param:
         ext.q8_kernel_build(before)
-        pytest.skip("this CPU has no AVX-512 VNNI")
+        pytest.skip(f"this CPU (or OS) gives no {BUILDS[request.param]}")
     yield request.param
     ext.q8_kernel_build(before)
 
@@ -107,6 +116,42 @@ def test_packing_keeps_the_files_bytes_per_block():
         k = widths(type_name)[-1]
         qw = weight(type_name, 32, k)
         assert kernels.Int8Weight([qw]).nbytes == qw.raw.nbytes, type_name
+
+
+def cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+
+
+def test_the_default_build_is_the_fastest_this_cpu_has():
+    """Without a choice made, q8_linear runs AMX tiles where the CPU has AMX-INT8 (passes of a few rows
+    go to VNNI) unless SPECSERVE_NO_AMX is set, else VNNI, else AVX2; builds a CPU lacks are refused, leaving the build as it was."""
+    ext, flags = kernels.ext(), cpu_flags()
+    default = ext.q8_kernel_build()  # the fixture-free tests run before any switch, or it was restored
+    if {"amx_tile", "amx_int8"} <= flags and not os.environ.get("SPECSERVE_NO_AMX"):
+        if default == "vnni":
+            pytest.skip("the CPU lists AMX-INT8 but the OS did not give its tiles (arch_prctl)")
+        expected = "amx"
+    else:
+        expected = "vnni" if "avx512_vnni" in flags else "avx2"
+    assert default == expected
+    try:
+        assert (ext.q8_kernel_build("amx-emulated") == "amx-emulated") == ({"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags)
+        ext.q8_kernel_build(default)
+        if not os.environ.get("SPECSERVE_NO_AMX"):  # (which sets only the default: amx-only may still be asked for)
+            assert (ext.q8_kernel_build("amx-only") == "amx-only") == (default == "amx")
+            ext.q8_kernel_build(default)
+        with pytest.raises(RuntimeError, match="q8 builds"):
+            ext.q8_kernel_build("avx9")
+    finally:
+        ext.q8_kernel_build(default)
+
+
+def test_the_start_up_check_passes_every_build_this_cpu_runs(build):
+    """The check the AMX build must pass before it becomes the default (random blocks of every type, two
+    groups, two row tiles, bits against the reference): every correct build passes it. (A nibble put in
+    the wrong tile row makes it fail: checked by hand, docs/decisions.md#amx-int8.)"""
+    assert kernels.ext().q8_build_agrees(build)
 
 
 def test_zero_rows_and_a_zero_input():
