@@ -8,7 +8,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 kernels=$here/../../specserve/kernels
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cp "$here/harness.cpp" "$here/ops.h" "$kernels/q8_blocks.h" "$kernels/gguf_blocks.h" "$tmp/"
+cp "$here/harness.cpp" "$here/ops.h" "$kernels/q8_blocks.h" "$kernels/q8_avx512.h" "$kernels/gguf_blocks.h" "$tmp/"
 cp "${1:-$kernels/q8_matmul_avx512.cpp}" "$tmp/kernel.cpp"
 cp "${2:-$kernels/q8_matmul_amx.cpp}" "$tmp/kernel_amx.cpp"
 g++ -O3 -mavx2 -mfma -mf16c -I"$tmp" "$tmp/harness.cpp" "$tmp/kernel.cpp" -o "$tmp/harness" 2>&1 \

@@ -34,6 +34,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-int8")
 
+#include "q8_avx512.h"
+
 namespace specserve {
 namespace q8 {
 namespace {
@@ -158,10 +160,8 @@ struct Emu {
   }
 };
 
-inline __m512i load(const uint8_t* p) { return _mm512_loadu_si512(p); }
-inline __m512 halfs(const uint8_t* p) {  // 16 fp16 scales, one per column
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
+using packed::halfs;
+using packed::load;
 
 // One packed block of 16 columns (q8_pack's layout, decoded as run_vnni decodes it) -> for each of its
 // sub-blocks s: G * 16 bytes u - off at w + s G 16 in B layout (row k: the 4-byte lane of each column
@@ -172,14 +172,7 @@ inline void unpack(const uint8_t* p, uint8_t* w, float* ws, float* wm) {
   auto put = [&](int64_t at, __m512i u) { _mm512_storeu_si512(w + at, offset(T) ? _mm512_sub_epi8(u, off) : u); };
   if constexpr (T == Q4_K) {  // 8 sub-blocks of 32
     const __m512 d = halfs(p), dmin = halfs(p + 32);
-    const __m512i w0 = load(p + 64), w1 = load(p + 128), w2 = load(p + 192);
-    const __m512i m1 = _mm512_set1_epi32(0x3f3f3f3f), m2 = _mm512_set1_epi32(0x0f0f0f0f), m3 = _mm512_set1_epi32(0x03030303);
-    const __m512i sc[2] = {_mm512_and_si512(w0, m1),
-                           _mm512_or_si512(_mm512_and_si512(w2, m2), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), m3), 4))};
-    const __m512i mn[2] = {_mm512_and_si512(w1, m1),
-                           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), m2),
-                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), m3), 4))};
-    auto byte = [](__m512i v, int s) { return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * (s % 4)), _mm512_set1_epi32(0xFF))); };
+    const packed::K4Scales k4(p + 64);
     const uint8_t* qs = p + 256;
     for (int j = 0; j < 4; ++j)
       for (int k = 0; k < 8; ++k) {  // low nibbles: sub-block 2j, high: 2j + 1
@@ -188,22 +181,19 @@ inline void unpack(const uint8_t* p, uint8_t* w, float* ws, float* wm) {
         put(512 * (2 * j + 1) + 64 * k, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
       }
     for (int s = 0; s < 8; ++s) {
-      _mm512_storeu_ps(ws + 16 * s, _mm512_mul_ps(d, byte(sc[s / 4], s)));
-      _mm512_storeu_ps(wm + 16 * s, _mm512_xor_ps(_mm512_mul_ps(dmin, byte(mn[s / 4], s)), _mm512_set1_ps(-0.0f)));
+      _mm512_storeu_ps(ws + 16 * s, k4.scale(d, s));
+      _mm512_storeu_ps(wm + 16 * s, k4.min(dmin, s));
     }
   } else if constexpr (T == Q6_K) {  // 16 sub-blocks of 16
     const __m512 d = halfs(p);
     const uint8_t* sc = p + 32;
     const uint8_t* lo = p + 32 + 256;
     const uint8_t* hb = lo + 32 * 64;
-    const __m512i top = _mm512_set1_epi8(0x30);
     for (int s = 0; s < 16; ++s) {
-      const __m512i l0 = load(lo + 128 * s), l1 = load(lo + 128 * s + 64), h = load(hb + 64 * s);
-      put(256 * s, _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_and_si512(_mm512_slli_epi16(h, 4), top)));
-      put(256 * s + 64, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4), _mm512_and_si512(_mm512_slli_epi16(h, 2), top)));
-      put(256 * s + 128, _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_and_si512(h, top)));
-      put(256 * s + 192, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4), _mm512_and_si512(_mm512_srli_epi16(h, 2), top)));
-      _mm512_storeu_ps(ws + 16 * s, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * s))))));
+      __m512i v[4];
+      packed::q6_vectors(lo, hb, s, v);
+      for (int k = 0; k < 4; ++k) put(256 * s + 64 * k, v[k]);
+      _mm512_storeu_ps(ws + 16 * s, packed::q6_scale(d, sc, s));
     }
   } else if constexpr (T == Q8_0) {
     for (int k = 0; k < 8; ++k) put(64 * k, load(p + 32 + 64 * k));
@@ -212,17 +202,9 @@ inline void unpack(const uint8_t* p, uint8_t* w, float* ws, float* wm) {
     constexpr bool five = T == Q5_0 || T == Q5_1, mn = T == Q4_1 || T == Q5_1;
     const uint8_t* masks = p + (mn ? 64 : 32);
     const uint8_t* v = masks + (five ? 64 : 0);
-    const __m512i sixteen = _mm512_set1_epi8(0x10);
     for (int k = 0; k < 4; ++k) {
-      const __m512i x = load(v + 64 * k);
-      __m512i lo = _mm512_and_si512(x, low4), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
-      if constexpr (five) {
-        uint64_t ml, mh;
-        std::memcpy(&ml, masks + 8 * k, 8);
-        std::memcpy(&mh, masks + 8 * (k + 4), 8);
-        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(ml), lo, sixteen);
-        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mh), hi, sixteen);
-      }
+      __m512i lo, hi;
+      packed::q45_vectors<five>(masks, v, k, &lo, &hi);
       put(64 * k, lo);
       put(256 + 64 * k, hi);
     }

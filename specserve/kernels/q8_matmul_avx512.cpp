@@ -9,6 +9,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
 
+#include "q8_avx512.h"
+
 namespace specserve {
 namespace q8 {
 namespace {
@@ -16,10 +18,9 @@ namespace {
 constexpr int MAX_TILE_ROWS = 8;
 constexpr int64_t PREFETCH_BYTES = 4096;  // docs/decisions.md#q8-prefetch
 
-inline __m512i load(const uint8_t* p) { return _mm512_loadu_si512(p); }
-inline __m512 halfs(const uint8_t* p) {  // 16 fp16 scales, one per column
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
+using packed::halfs;
+using packed::load;
+
 inline __m512i bcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -76,16 +77,8 @@ __attribute__((always_inline)) inline void block(const uint8_t* p, int64_t e, co
   __m512i isum[R];
   if constexpr (T == Q4_K) {
     const __m512 d = halfs(p), dmin = halfs(p + 32);
-    // the 12 bytes of 6-bit scales and mins, unpacked in every lane at once (gguf::k4_scales_mins)
-    const __m512i w0 = load(p + 64), w1 = load(p + 128), w2 = load(p + 192);
-    const __m512i m1 = _mm512_set1_epi32(0x3f3f3f3f), m2 = _mm512_set1_epi32(0x0f0f0f0f), m3 = _mm512_set1_epi32(0x03030303);
-    const __m512i sc[2] = {_mm512_and_si512(w0, m1),
-                           _mm512_or_si512(_mm512_and_si512(w2, m2), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), m3), 4))};
-    const __m512i mn[2] = {_mm512_and_si512(w1, m1),
-                           _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), m2),
-                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), m3), 4))};
+    const packed::K4Scales k4(p + 64);
     const uint8_t* qs = p + 256;
-    auto byte = [](__m512i v, int s) { return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * (s % 4)), _mm512_set1_epi32(0xFF))); };
 #pragma GCC unroll 1
     for (int j = 0; j < 4; ++j) {
       __m512i hi[R];
@@ -99,8 +92,7 @@ __attribute__((always_inline)) inline void block(const uint8_t* p, int64_t e, co
       }
       for (int h = 0; h < 2; ++h) {
         const int s = 2 * j + h;
-        const __m512 ws = _mm512_mul_ps(d, byte(sc[s / 4], s)), wm = _mm512_xor_ps(_mm512_mul_ps(dmin, byte(mn[s / 4], s)), _mm512_set1_ps(-0.0f));
-        finish<R, true>(h ? hi : isum, e + 32 * s, ws, wm, a, tl);
+        finish<R, true>(h ? hi : isum, e + 32 * s, k4.scale(d, s), k4.min(dmin, s), a, tl);
       }
     }
   } else if constexpr (T == Q6_K) {
@@ -108,19 +100,15 @@ __attribute__((always_inline)) inline void block(const uint8_t* p, int64_t e, co
     const uint8_t* sc = p + 32;
     const uint8_t* lo = p + 32 + 256;
     const uint8_t* hb = lo + 32 * 64;
-    const __m512i top = _mm512_set1_epi8(0x30);
 #pragma GCC unroll 2
     for (int s = 0; s < 16; ++s) {
-      const __m512i l0 = load(lo + 128 * s), l1 = load(lo + 128 * s + 64), h = load(hb + 64 * s);
+      __m512i v[4];
+      packed::q6_vectors(lo, hb, s, v);
       const int64_t e0 = e + 16 * s;
       start<R, 16, 32>(e0, a, tl, isum);
-      dot<R>(_mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_and_si512(_mm512_slli_epi16(h, 4), top)), e0, tl, isum);
-      dot<R>(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4), _mm512_and_si512(_mm512_slli_epi16(h, 2), top)),
-             e0 + 4, tl, isum);
-      dot<R>(_mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_and_si512(h, top)), e0 + 8, tl, isum);
-      dot<R>(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4), _mm512_and_si512(_mm512_srli_epi16(h, 2), top)),
-             e0 + 12, tl, isum);
-      const __m512 ws = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * s)))));
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) dot<R>(v[k], e0 + 4 * k, tl, isum);
+      const __m512 ws = packed::q6_scale(d, sc, s);
       finish<R, false>(isum, e0, ws, ws, a, tl);
     }
   } else if constexpr (T == Q8_0) {
@@ -133,20 +121,12 @@ __attribute__((always_inline)) inline void block(const uint8_t* p, int64_t e, co
     const __m512 ws = halfs(p), wm = mn ? halfs(p + 32) : ws;
     const uint8_t* masks = p + (mn ? 64 : 32);
     const uint8_t* v = masks + (five ? 64 : 0);
-    const __m512i sixteen = _mm512_set1_epi8(0x10);
     if constexpr (offset(T) != 0) start<R, 32, offset(T)>(e, a, tl, isum);
     else zero<R>(isum);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
-      const __m512i x = load(v + 64 * k);
-      __m512i lo = _mm512_and_si512(x, low4), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
-      if constexpr (five) {
-        uint64_t ml, mh;
-        std::memcpy(&ml, masks + 8 * k, 8);
-        std::memcpy(&mh, masks + 8 * (k + 4), 8);
-        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(ml), lo, sixteen);
-        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mh), hi, sixteen);
-      }
+      __m512i lo, hi;
+      packed::q45_vectors<five>(masks, v, k, &lo, &hi);
       dot<R>(lo, e + 4 * k, tl, isum);
       dot<R>(hi, e + 16 + 4 * k, tl, isum);
     }
