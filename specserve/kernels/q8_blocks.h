@@ -16,6 +16,8 @@
 #pragma once
 #include "gguf_blocks.h"
 
+#include <type_traits>
+
 namespace specserve {
 namespace q8 {
 
@@ -174,6 +176,21 @@ struct PCall {
   float* y;  // [M, N]
   int64_t M, K, N;
 };
+
+// f(std::integral_constant<int, T>{}) for the segment's type T: each build's run_type<T>, picked once.
+template <class F>
+inline void by_type(int t, F&& f) {
+  switch (t) {
+    case Q4_0: return f(std::integral_constant<int, Q4_0>{});
+    case Q4_1: return f(std::integral_constant<int, Q4_1>{});
+    case Q5_0: return f(std::integral_constant<int, Q5_0>{});
+    case Q5_1: return f(std::integral_constant<int, Q5_1>{});
+    case Q8_0: return f(std::integral_constant<int, Q8_0>{});
+    case Q4_K: return f(std::integral_constant<int, Q4_K>{});
+    case Q6_K: return f(std::integral_constant<int, Q6_K>{});
+    default: return;
+  }
+}
 
 // The builds over groups g0 .. g1-1 of segment i: AVX-512 VNNI (q8_matmul_avx512.cpp), AVX2
 // (q8_matmul_avx2.cpp), AMX-INT8 tiles (q8_matmul_amx.cpp) and the same with the tile unit in software.

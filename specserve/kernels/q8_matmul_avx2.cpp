@@ -192,16 +192,7 @@ void run_type(const PCall& c, const PSeg& s, int64_t g0, int64_t g1) {
 
 void run_avx2(const PCall& c, int seg, int64_t g0, int64_t g1) {
   const PSeg& s = c.segs[seg];
-  switch (s.type) {
-    case Q4_0: return run_type<Q4_0>(c, s, g0, g1);
-    case Q4_1: return run_type<Q4_1>(c, s, g0, g1);
-    case Q5_0: return run_type<Q5_0>(c, s, g0, g1);
-    case Q5_1: return run_type<Q5_1>(c, s, g0, g1);
-    case Q8_0: return run_type<Q8_0>(c, s, g0, g1);
-    case Q4_K: return run_type<Q4_K>(c, s, g0, g1);
-    case Q6_K: return run_type<Q6_K>(c, s, g0, g1);
-    default: return;
-  }
+  by_type(s.type, [&](auto t) { run_type<decltype(t)::value>(c, s, g0, g1); });
 }
 
 }  // namespace q8
