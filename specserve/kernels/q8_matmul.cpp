@@ -170,7 +170,7 @@ bool agrees(void (*run)(const PCall&, int, int64_t, int64_t), const char* name) 
         const float want = reference_one(t, &raw[n * nb * bytes], a, r, K);
         if (std::memcmp(&want, &y[r * N + n], 4) != 0) {
           std::fprintf(stderr, "specserve: the %s build of the int8 kernels gave other bits than the reference on this CPU "
-                       "(GGML type %d, row %ld, column %ld: %.9g, not %.9g); it is not used. Please report it.\n",
+                       "(GGML type %d, row %ld, column %ld: %.9g, not %.9g); it is not used. Please report it, with `specserve env`.\n",
                        name, t, static_cast<long>(r), static_cast<long>(n), y[r * N + n], want);
           return false;
         }
