@@ -229,26 +229,12 @@ class DeviceRounds:
         return torch.stack(toks, 1), torch.stack(parents, 1)
 
     def _accept_tree(self, n: int, toks: torch.Tensor, parents: torch.Tensor, a: torch.Tensor, h: torch.Tensor):
-        """Greedy acceptance down the tree: from the root, the child whose token is the target's argmax
-        at its parent (siblings differ, so at most one), level by level -> (accepted count [n], the new
-        tokens [n, R] (a_0, then the target's argmax at each accepted node), their hidden rows
-        [n, R, hidden], the accepted node a level [n, K])."""
+        """Greedy acceptance down the tree (accept_tree) -> (accepted count [n], the new tokens [n, R]
+        (a_0, then the target's argmax at each accepted node), their hidden rows [n, R, hidden], the
+        accepted node a level [n, K])."""
         K, W = self.K, self.W
-        b = torch.arange(n, device=a.device)
+        acc, path = accept_tree(toks, parents, a)
         at = a[:, 1:].view(n, K, W)  # the target's token after each node
-        want, cur = a[:, 0], torch.full((n,), -1, dtype=torch.long, device=a.device)
-        ok = torch.ones(n, dtype=torch.bool, device=a.device)
-        acc = torch.zeros(n, dtype=torch.long, device=a.device)
-        path = []
-        for j in range(K):
-            hit = (toks[:, j] == want[:, None]) & (parents[:, j] == cur[:, None])  # [n, W]
-            i = hit.long().argmax(1)
-            ok = ok & hit.any(1)
-            acc += ok
-            path.append(i)
-            cur = torch.where(ok, i, cur)
-            want = torch.where(ok, at[b, j, i], want)
-        path = torch.stack(path, 1)  # [n, K]
         tok = torch.cat([a[:, :1], at.gather(2, path[:, :, None])[:, :, 0]], 1)  # [n, R]
         hn = h[:, 1:].view(n, K, W, -1)
         hp = torch.cat([h[:, :1], hn.gather(2, path[:, :, None, None].expand(n, K, 1, hn.shape[-1]))[:, :, 0]], 1)
@@ -448,6 +434,30 @@ class DeviceRounds:
                 i.extend(range(k))
         idx = torch.tensor([m, b, i], dtype=torch.long, pin_memory=self._pin).to(self.device, non_blocking=True)
         return self.hist[idx[0], idx[1], idx[2]]
+
+
+def accept_tree(toks: torch.Tensor, parents: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy acceptance of token trees, every level's nodes at once (a few kernels a level: in a CUDA
+    graph each costs a launch slot):
+
+        want[j, i]  = a_0 for level 0, else the target's token after node i's parent, a[1 + (j-1) W + parent]
+        alive[j, i] = (toks[j, i] == want[j, i]) and (j == 0 or alive[j-1, parent[j, i]])
+        accepted    = the number of levels with a live node;  path[j] = the live node of level j
+
+    A live node is one whose whole path from the root is the target's own greedy tokens. Siblings carry
+    different tokens and only one parent a level can be live, so a level has at most one live node.
+
+    toks, parents: [n, K, W] (parents[:, 0] unused); a: [n, 1 + K W] the target's argmax after the last
+    token, then after each node level by level -> (accepted [n], path [n, K]: 0 past the accepted levels)."""
+    n, K, W = toks.shape
+    at = a[:, 1:].view(n, K, W)
+    want = torch.cat([a[:, :1, None].expand(n, 1, W), at[:, :-1].gather(2, parents[:, 1:])], 1)  # [n, K, W]
+    match = toks == want
+    alive = [match[:, 0]]
+    for j in range(1, K):
+        alive.append(match[:, j] & alive[-1].gather(1, parents[:, j]))
+    live = torch.stack(alive, 1)  # [n, K, W]
+    return live.any(2).sum(1), live.long().argmax(2)
 
 
 def _padded(rows, n: int, width: int, dtype) -> np.ndarray:
