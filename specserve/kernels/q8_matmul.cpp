@@ -132,7 +132,9 @@ float reference_one(int t, const uint8_t* row, const Acts& a, int64_t r, int64_t
 // tiles of random blocks (finite scales). The AMX build must pass it before it becomes the default: it
 // was written and tested with its tile unit emulated only (docs/decisions.md#amx-int8), so on a CPU
 // where the real unit disagrees, VNNI stays and stderr says why.
-bool agrees(void (*run)(const PCall&, int, int64_t, int64_t), const char* name) {
+using Run = void (*)(const PCall&, int, int64_t, int64_t);
+
+bool agrees(Run run, const char* name) {
   uint64_t state = 0x9E3779B97F4A7C15ull;
   auto next = [&] {
     state ^= state << 13;
@@ -185,7 +187,9 @@ bool agrees(void (*run)(const PCall&, int, int64_t, int64_t), const char* name) 
 // On request: "reference" (q8_reference), "amx-only" (tiles for every pass) and "amx-emulated" (the tile
 // build with the tile unit in software, every pass: its tests on AVX-512 CPUs without AMX). Every build
 // gives q8_reference's bits, so the choice moves only the speed.
-constexpr int64_t AMX_MIN_ROWS = 8;  // unmeasured (docs/decisions.md#amx-int8): the bf16 build's threshold
+// The bf16 build's threshold; on a Zen 5 the AMX build's own AVX-512 work breaks even with VNNI near 6
+// rows, the tiles' cost left out (docs/decisions.md#amx-int8: unmeasured on an AMX CPU).
+constexpr int64_t AMX_MIN_ROWS = 8;
 
 std::string& build() {
   static std::string b = cpu_has_amx_int8() && !std::getenv("SPECSERVE_NO_AMX") && agrees(run_amx, "AMX-INT8") ? "amx"
@@ -200,8 +204,6 @@ bool can_run(const std::string& b) {
   if (b == "amx-emulated") return cpu_has_avx512();
   return false;
 }
-
-using Run = void (*)(const PCall&, int, int64_t, int64_t);
 
 Run runner(const std::string& b, int64_t M) {
   if (b == "avx2") return run_avx2;
