@@ -73,6 +73,16 @@ def system_info() -> dict:
             "models": {m["name"]: m["path"] for m in list_models()}}
 
 
+def summary_line(info: dict) -> str:
+    """One line of it, for a server's start-up log: the CPU, its kernel-relevant flags, the builds, the device."""
+    cpu, dev, k = info["cpu"], info["torch"], info["kernels"]
+    kern = (f"fp32 {k['fp32 activations']}, int8 {k['int8 activations (--activations int8)']}" if k["available"]
+            else "none (dense fp32)")
+    gpu = f"{dev['gpus']} x {dev['gpu']}" if dev["cuda"] else "none"
+    flags = [f for f in cpu["flags"] if f in ("avx2", "avx512f", "avx512_vnni", "amx_int8", "amx_bf16")]
+    return f"{cpu['model']} ({' '.join(flags)}), {dev['threads']} threads; kernels: {kern}; CUDA: {gpu}"
+
+
 def format_system_info(info: dict) -> str:
     """system_info() as aligned `key: value` lines, one section a block."""
     cpu, dev, k = info["cpu"], info["torch"], info["kernels"]

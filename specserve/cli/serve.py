@@ -33,6 +33,8 @@ def cmd_serve(args, llm_kwargs: dict) -> int:
     else:
         llm = AsyncLLM(**llm_kwargs)
         what = llm.model_name
+        from .. import summary_line, system_info
+        print(f"specserve: {summary_line(system_info())}", file=sys.stderr, flush=True)  # what a bug report needs first
     try:
         app = build_app(llm, cfg)
         print(f"specserve: serving {what} on http://{cfg.host}:{cfg.port}/v1 (metrics on /metrics)",

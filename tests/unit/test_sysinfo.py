@@ -52,3 +52,12 @@ def test_the_env_command_prints_it(capsys):
     assert main(["env"]) == 0
     text = capsys.readouterr().out
     assert text.startswith(f"specserve {specserve.__version__}") and "\nCPU: " in text and "\nkernels:" in text
+
+
+def test_the_summary_line_names_the_cpu_and_the_builds():
+    info = specserve.system_info()
+    line = specserve.summary_line(info)
+    assert line.startswith(info["cpu"]["model"]) and f"{info['torch']['threads']} threads" in line
+    k = info["kernels"]
+    if k["available"]:
+        assert f"int8 {k['int8 activations (--activations int8)']}" in line
