@@ -63,7 +63,8 @@ def main():
     rows = tuple(int(r) for r in args.rows.split(","))
     assert rows[0] == 1 and len(rows) > 1, "--rows starts at 1 and has a larger size"
     machine = cpu()
-    kernels.available()
+    if not kernels.available():
+        raise SystemExit("int8 activations need the block kernels (no compiler or no AVX2 here)")
     builds = [b for b in args.int8_builds.split(",") if b] or [kernels.ext().q8_kernel_build()]
     t = {"fp32": curve(args.model, "fp32", args.repeats, rows)}
     t.update({f"int8 {b}": int8_curve(args.model, b, args.repeats, rows) for b in builds})
