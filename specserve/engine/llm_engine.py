@@ -428,7 +428,7 @@ def _graph_runner(eager: ModelRunner, config: EngineConfig, max_model_len: int) 
     if not triton_paged.available():
         print("cuda_graphs: triton is not installed; every step runs eagerly", file=sys.stderr)
         return eager
-    if not eager.model.fusable or any(eager.model.windows):  # cuda/forward.py graphs the Llama layer only
+    if not eager.model.graphable or any(eager.model.windows):  # cuda/forward.py graphs the Llama layer only
         print(f"cuda_graphs: {eager.model.arch.architecture} layers are not graphed yet; every step runs eagerly",
               file=sys.stderr)
         return eager

@@ -11,8 +11,18 @@ namespace {
 // A blocked weight as {qs, scales, mins} (+ the AMX copy); mins is empty for Q8_0.
 torch::Tensor linear(const torch::Tensor& x, const std::vector<torch::Tensor>& w) { return block_linear(x, w); }
 
+// Gemma 3's QK-norm: each head of qkv's first `heads` heads, RMS-normalised over its D values, in place.
+void head_norm_(torch::Tensor& qkv, int64_t first, int64_t heads, int64_t D, const torch::Tensor& w, double eps) {
+  const int64_t T = qkv.size(0);
+  auto part = qkv.narrow(1, first * D, heads * D);  // [T, heads D], rows strided when T > 1
+  part.copy_(rms_norm(part.reshape({T * heads, D}).contiguous(), c10::nullopt, w, eps).view({T, heads * D}));
+}
+
 // x: the residual stream [T, hidden], updated in place (x += delta, then x += attention output).
 // Returns this layer's MLP output, which the next layer (or the final norm) adds to x.
+// Gemma 3 (models/gemma3.py) passes its four extra norms, gelu = true (GeGLU) and its layer's window;
+// the Llama family passes none, gelu = false, window 0. Each step is the op models/decoder.py's
+// reference calls, in its order, so both paths give the same bits.
 torch::Tensor decoder_layer(torch::Tensor x, c10::optional<torch::Tensor> delta, torch::Tensor attn_norm,
                             torch::Tensor ffn_norm, double eps, std::vector<torch::Tensor> qkv_w,
                             c10::optional<torch::Tensor> qkv_bias, std::vector<torch::Tensor> o_w,
@@ -21,20 +31,38 @@ torch::Tensor decoder_layer(torch::Tensor x, c10::optional<torch::Tensor> delta,
                             torch::Tensor slot_mapping, torch::Tensor tables, torch::Tensor q_starts,
                             torch::Tensor q_lens, torch::Tensor kv_lens, int64_t block_size, double scale,
                             int64_t H, int64_t Hkv, int64_t D, c10::optional<torch::Tensor> span_lens,
-                            c10::optional<torch::Tensor> tree_mask) {
+                            c10::optional<torch::Tensor> tree_mask, c10::optional<torch::Tensor> q_norm,
+                            c10::optional<torch::Tensor> k_norm, c10::optional<torch::Tensor> post_attn_norm,
+                            c10::optional<torch::Tensor> post_ffn_norm, bool gelu, int64_t window) {
   const int64_t T = x.size(0);
   TORCH_CHECK(slot_mapping.dtype() == torch::kInt64 && slot_mapping.numel() == T, "one KV slot per token");
   TORCH_CHECK(H > 0 && Hkv > 0 && D > 0, "decoder_layer: bad head counts");
   torch::Tensor h = rms_norm(x, delta, attn_norm, eps);
   torch::Tensor qkv = linear(h, qkv_w);  // [T, (H + 2 Hkv) D]
   if (qkv_bias) qkv.add_(*qkv_bias);
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "decoder_layer: q_norm and k_norm come together");
+  if (q_norm) {
+    head_norm_(qkv, 0, H, D, *q_norm, eps);
+    head_norm_(qkv, H, Hkv, D, *k_norm, eps);
+  }
   rope_(qkv, cos, sin, H + Hkv, D);
   k_cache.index_copy_(0, slot_mapping, qkv.narrow(1, H * D, Hkv * D).view({T, Hkv, D}));
   v_cache.index_copy_(0, slot_mapping, qkv.narrow(1, (H + Hkv) * D, Hkv * D).view({T, Hkv, D}));
   torch::Tensor q = qkv.narrow(1, 0, H * D).contiguous().view({T, H, D});
-  torch::Tensor attn = paged_attention(q, k_cache, v_cache, tables, q_starts, q_lens, kv_lens, block_size, scale, span_lens, tree_mask);
-  h = rms_norm(x, linear(attn.view({T, H * D}), o_w), ffn_norm, eps);
-  return linear(silu_mul(linear(h, gate_up_w)), down_w);
+  torch::Tensor attn = paged_attention(q, k_cache, v_cache, tables, q_starts, q_lens, kv_lens, block_size, scale,
+                                       span_lens, tree_mask, window);
+  torch::Tensor out = linear(attn.view({T, H * D}), o_w);
+  if (post_attn_norm) out = rms_norm(out, c10::nullopt, *post_attn_norm, eps);
+  h = rms_norm(x, out, ffn_norm, eps);
+  torch::Tensor gu = linear(h, gate_up_w);  // [T, 2 F]: gate | up
+  if (gelu) {  // GeGLU, as layers.gelu_tanh_mul computes it
+    const int64_t F = gu.size(1) / 2;
+    out = linear(at::gelu(gu.narrow(1, 0, F), "tanh") * gu.narrow(1, F, F), down_w);
+  } else {
+    out = linear(silu_mul(gu), down_w);
+  }
+  if (post_ffn_norm) out = rms_norm(out, c10::nullopt, *post_ffn_norm, eps);
+  return out;
 }
 
 }  // namespace

@@ -28,8 +28,8 @@ from torch import nn
 
 from ..attention.paged import AttentionMetadata
 from ..loading.weights import QuantizedWeight
-from .decoder import LayerWeights, causal, decoder_layer, fused_decoder_layer, paged
-from .layers import Linear, Rotary, fused_layer_weights, runs_fused
+from .decoder import LayerWeights, causal, decoder_layer, fused_decoder_layer, fused_layer_weights, paged, runs_fused
+from .layers import Linear, Rotary
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -131,8 +131,7 @@ class EagleServing:
         self.attn_norm = net.attn_norm.detach().float().to(device)
         self.ffn_norm = net.ffn_norm.detach().float().to(device)
         self.layer = LayerWeights(self.attn_norm, self.ffn_norm, self.qkv, self.o, self.gate_up, self.down)
-        self.fused = fused_layer_weights(self.attn_norm, self.ffn_norm, self.qkv, self.o, self.gate_up, self.down,
-                                         self.cfg.head_dim)
+        self.fused = fused_layer_weights(self.layer, self.cfg.head_dim)
 
     @torch.inference_mode()
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, rotary: Rotary,

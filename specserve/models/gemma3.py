@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 from ..loading.weights import ModelArch, as_dense
-from .decoder import decoder_layer, paged
 from .layers import Rotary
 from .llama import LlamaModel, load_layer
 
@@ -32,7 +31,7 @@ def load_gemma3_layer(arch: ModelArch, w: dict, i: int, dtype, device, use_block
 
 class DualRotary:
     """RoPE tables for both kinds of layer: tables(positions) -> ((cos_global, cos_local), (sin_global, sin_local)),
-    each [T, D]; Gemma3Model.run_layers picks a layer's pair."""
+    each [T, D]; Gemma3Model.layer_rope picks a layer's pair."""
 
     def __init__(self, global_: Rotary, local: Rotary):
         self.global_, self.local = global_, local
@@ -43,7 +42,7 @@ class DualRotary:
 
 
 class Gemma3Model(LlamaModel):
-    fusable = False  # the fused C++ layer is the Llama layer's
+    graphable = False  # cuda/forward.py graphs the Llama layer only
     load_layer = staticmethod(load_gemma3_layer)
 
     def __init__(self, arch: ModelArch, weights: dict, dtype: torch.dtype, device: torch.device,
@@ -55,12 +54,7 @@ class Gemma3Model(LlamaModel):
         local = Rotary(arch.head_dim, arch.rope_local_theta or arch.rope_theta, None, self.max_len, None, device)
         self.rotary = DualRotary(self.rotary, local)
 
-    def run_layers(self, x, delta, start: int, end: int, cos, sin, meta, k_cache, v_cache):
-        """As LlamaModel.run_layers, with cos/sin from DualRotary.tables: each layer takes its kind's."""
-        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        for li in range(start, end):
-            window = self.windows[li]
-            kind = 1 if window else 0
-            attend = paged(k_cache[li - start], v_cache[li - start], meta, self.scale, window)
-            x, delta = decoder_layer(x, delta, self.layers[li], cos[kind], sin[kind], attend, self.eps, H, Hkv, D)
-        return x, delta
+    def layer_rope(self, li: int, cos, sin):
+        """cos/sin from DualRotary.tables: each layer takes its kind's (local where it has a window)."""
+        kind = 1 if self.windows[li] else 0
+        return cos[kind], sin[kind]

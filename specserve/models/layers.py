@@ -61,29 +61,6 @@ class Linear:
         return self.dense if self.dense is not None else self.block.dequantize()
 
 
-def fused_layer_weights(attn_norm: torch.Tensor, ffn_norm: torch.Tensor, qkv: Linear, o: Linear, gate_up: Linear,
-                        down: Linear, head_dim: int) -> Optional[tuple]:
-    """A decoder layer's weights as kernels' decoder_layer takes them (norms, blocked qkv with its bias,
-    o, gate_up, down), or None when the layer cannot run as one C++ call (a dense projection, or a head
-    size the attention kernel does not take)."""
-    if any(lin.block is None for lin in (qkv, o, gate_up, down)) or head_dim % 8:
-        return None
-    return (attn_norm, ffn_norm, qkv.block.parts(), qkv.bias, o.block.parts(), gate_up.block.parts(), down.block.parts())
-
-
-def runs_fused(weights, num_rows: int, meta) -> bool:
-    """Whether a pass over num_rows rows runs each layer as one C++ call (weights: one layer's
-    fused_layer_weights, or a list of them): decode-sized (as many rows as Linear would send to the
-    block kernel) and on the paged attention kernel."""
-    if weights is None or not meta.use_paged_kernel:
-        return False
-    layer = weights[0] if isinstance(weights, list) else weights  # all layers have the same shapes
-    # blocked parts of qkv, o, gate_up, down: six where they have an AMX copy (a GgufWeight's parts
-    # end in its int64 type list instead)
-    packed = all(len(layer[i]) == 6 and layer[i][-1].dtype != torch.int64 for i in (2, 4, 5, 6))
-    return num_rows <= (BLOCK_KERNEL_MAX_ROWS_AMX if packed else BLOCK_KERNEL_MAX_ROWS)
-
-
 def _fused(x: torch.Tensor) -> bool:
     """The fused C++ element-wise ops cover flat [T, n] fp32 CPU tensors outside autograd; everything
     else (GPU, bf16, training chunks) uses the torch references below."""
@@ -134,7 +111,8 @@ GATED_ACTIVATIONS = {"silu": silu_mul, "gelu_tanh": gelu_tanh_mul}
 
 def head_norm(x: torch.Tensor, heads: int, D: int, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each head of x [T, heads * D] over its D values (Gemma 3's QK-norm)."""
-    return rms_norm(x.reshape(-1, D), weight, eps).view(*x.shape[:-1], heads * D)
+    # contiguous: one kernel for every shape (a lone KV head's [T, D] slice of qkv is strided)
+    return rms_norm(x.reshape(-1, D).contiguous(), weight, eps).view(*x.shape[:-1], heads * D)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[dict]) -> torch.Tensor:

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from .. import kernels
 from ..attention.paged import AttentionMetadata
 from ..loading.weights import ModelArch, QuantizedWeight, as_dense
-from .decoder import LayerWeights, decoder_layer, fused_decoder_layer, paged
-from .layers import Linear, Rotary, fused_layer_weights, rms_norm, runs_fused
+from .decoder import LayerWeights, decoder_layer, fused_decoder_layer, fused_layer_weights, paged, runs_fused
+from .layers import Linear, Rotary, rms_norm
 
 
 def load_layer(arch: ModelArch, w: dict, i: int, dtype, device, use_blocks: bool, activations: str = "fp32") -> LayerWeights:
@@ -32,8 +32,8 @@ def load_layer(arch: ModelArch, w: dict, i: int, dtype, device, use_blocks: bool
 
 
 class LlamaModel:
-    # Decode-sized steps may run each layer as one C++ call (kernels/decoder_layer.cpp: the Llama layer only).
-    fusable = True
+    # Whether cuda/forward.py's graphed steps take this model's layers (the Llama layer only).
+    graphable = True
 
     def __init__(self, arch: ModelArch, weights: dict, dtype: torch.dtype, device: torch.device,
                  use_blocks: bool = True, max_len: Optional[int] = None, activations: str = "fp32"):
@@ -61,12 +61,10 @@ class LlamaModel:
                              device)
         self.scale = arch.head_dim ** -0.5
         # Decode-sized steps run each layer as one C++ call when every projection is blocked.
-        fused = [fused_layer_weights(l.attn_norm, l.ffn_norm, l.qkv, l.o, l.gate_up, l.down, self.head_dim)
-                 for l in self.layers]
+        fused = [fused_layer_weights(layer, self.head_dim) for layer in self.layers]
+        self.fused_layers = fused if all(w is not None for w in fused) else None
         # Sliding-window layers (Mistral's window; Gemma 3's local layers) attend to their window only.
         self.windows = [arch.layer_window(i) for i in range(arch.num_hidden_layers)]
-        fusable = self.fusable and not any(self.windows)  # the fused C++ layer attends to the whole context
-        self.fused_layers = fused if fusable and all(w is not None for w in fused) else None
 
     load_layer = staticmethod(load_layer)
 
@@ -107,13 +105,18 @@ class LlamaModel:
         fused = self.fused_layers is not None and runs_fused(self.fused_layers, x.shape[0], meta)
         for li in range(start, end):
             kc, vc = k_cache[li - start], v_cache[li - start]
+            c, s = self.layer_rope(li, cos, sin)
             if fused:
-                x, delta = fused_decoder_layer(x, delta, self.fused_layers[li], self.eps, cos, sin, kc, vc, meta,
-                                               self.scale, H, Hkv, D)
+                x, delta = fused_decoder_layer(x, delta, self.fused_layers[li], self.eps, c, s, kc, vc, meta,
+                                               self.scale, H, Hkv, D, self.windows[li])
             else:
-                x, delta = decoder_layer(x, delta, self.layers[li], cos, sin,
+                x, delta = decoder_layer(x, delta, self.layers[li], c, s,
                                          paged(kc, vc, meta, self.scale, self.windows[li]), self.eps, H, Hkv, D)
         return x, delta
+
+    def layer_rope(self, li: int, cos, sin):
+        """Layer li's cos/sin [T, D] out of self.rotary.tables(positions) (one pair for every layer here)."""
+        return cos, sin
 
     # --- the TargetView drafters and pipeline stages use (models/__init__.py) ---------------------
     def head(self, x: torch.Tensor, logits_indices: torch.Tensor, head_rows=None) -> torch.Tensor:
