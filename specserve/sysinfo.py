@@ -13,8 +13,8 @@ import sys
 FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
          "amx_tile", "amx_int8", "amx_bf16")
 PACKAGES = ("torch", "transformers", "gguf", "llguidance", "triton", "numpy", "fastapi", "ray")
-SWITCHES = ("SPECSERVE_NO_KERNELS", "SPECSERVE_NO_AVX512", "SPECSERVE_NO_AMX", "SPECSERVE_KERNEL_CACHE", "SPECSERVE_MODELS",
-            "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+SWITCHES = ("SPECSERVE_NO_KERNELS", "SPECSERVE_NO_AVX512", "SPECSERVE_NO_AMX", "SPECSERVE_NO_MALLOPT",
+            "SPECSERVE_KERNEL_CACHE", "SPECSERVE_MODELS", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
 
 
 def _cpu() -> dict:

@@ -26,6 +26,7 @@ from ..speculative.verify import Verified, is_seeded, verify
 from ..types import FinishReason, Request, RequestStatus, SamplingParams, TokenOrigin
 from . import rounds
 from .guided import GuidedDecoding, prune_drafts
+from .malloc import keep_freed_memory
 from .runner import ModelRunner, StepOutput
 from .threads import ThreadGovernor
 
@@ -127,6 +128,8 @@ class LLMEngine:
         self._ids = itertools.count()
         self._live: dict[str, _Live] = {}
         self._siblings: dict[str, list[Request]] = {}  # leader id -> siblings waiting for its prompt KV
+        if self.device.type == "cpu":  # from here on, a step's large temporaries stay mapped for the next
+            keep_freed_memory()
 
     # --- requests -----------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> list[Request]:

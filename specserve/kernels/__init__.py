@@ -4,7 +4,8 @@
 Q4_0 / Q4_1 into the layout of block_matmul.cpp (AVX2 / AVX-512 builds, and block_matmul_amx.cpp past
 8 rows where the CPU has AMX tiles); `GgufWeight` reads every other GGUF block type (Q5_0, Q8_0,
 Q4_K, Q6_K, ...) where it lies in the mmap'd file (gguf_matmul.cpp, AVX2 / AVX-512 builds);
-elementwise.cpp, attention.cpp and decoder_layer.cpp fuse the rest of a decode step.
+elementwise.cpp, attention.cpp and decoder_layer.cpp fuse the rest of a decode step; sampling.cpp draws
+sampled tokens.
 If the compiler or AVX2 is missing, `available()` is False and callers use dense fp32 weights instead.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 SOURCES = ("block_matmul.cpp", "block_matmul_avx512.cpp", "block_matmul_amx.cpp", "gguf_matmul.cpp",
            "gguf_matmul_avx512.cpp", "q8_matmul.cpp", "q8_matmul_avx2.cpp", "q8_matmul_avx512.cpp", "q8_matmul_amx.cpp",
-           "elementwise.cpp", "attention.cpp", "decoder_layer.cpp")
+           "elementwise.cpp", "attention.cpp", "sampling.cpp", "decoder_layer.cpp")
 _ext = None
 _tried = False
 

@@ -92,5 +92,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("q_starts"),
         py::arg("q_lens"), py::arg("kv_lens"), py::arg("block_size"), py::arg("scale"),
         py::arg("span_lens") = py::none(), py::arg("tree_mask") = py::none(), py::arg("window") = 0);
+  m.def("draw_rows", &draw_rows, "one token per row of probs [N, V] at uniforms u [N]: the first whose cumulative mass exceeds u * total");
   m.def("decoder_layer", &decoder_layer, "a whole decoder layer for decode-sized batches");
 }

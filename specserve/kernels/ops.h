@@ -61,6 +61,7 @@ std::string q8_kernel_build(c10::optional<std::string> want);  // q8_linear's bu
 torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps);
 void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t D);
 torch::Tensor silu_mul(torch::Tensor gu);
+torch::Tensor draw_rows(torch::Tensor probs, torch::Tensor u);  // sampling.cpp: inverse-CDF draws, one per row
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                               torch::Tensor block_tables, torch::Tensor q_starts, torch::Tensor q_lens,
                               torch::Tensor kv_lens, int64_t block_size, double scale,

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from .. import kernels
 from ..types import SamplingParams
 
 
@@ -50,14 +51,30 @@ def make_generator(seed: Optional[int], device: torch.device) -> torch.Generator
 
 
 def draw(probs: torch.Tensor, generator: Optional[torch.Generator]) -> int:
-    """One token from probs [vocab] by inverting the CDF with one uniform draw.
+    """One token from probs [vocab] by inverting the CDF with one uniform draw."""
+    return draw_many(probs[None], [generator])[0]
+
+
+def draw_many(probs: torch.Tensor, generators: list[Optional[torch.Generator]]) -> list[int]:
+    """One token per row of probs [N, vocab], row r by inverting its CDF at one uniform from generators[r]:
+    the first token whose cumulative mass exceeds u * total.
 
     torch.multinomial draws an exponential per vocabulary entry (about 20x the time of one uniform and
-    a binary search over a 49k vocabulary on the CPUs this was built on), for the same distribution."""
+    a binary search over a 49k vocabulary on the CPUs this was built on), for the same distribution.
+    On the CPU the kernels' draw_rows sums the mass in blocks (kernels/sampling.cpp: ~6x torch's
+    sequential double cumsum over 262k tokens); elsewhere `_draw_cumsum`. The two give the same token
+    unless u * total lies within rounding of a boundary between two tokens."""
+    u = torch.cat([torch.rand((1,), generator=g, dtype=torch.float64, device=probs.device) for g in generators])
+    if probs.device.type == "cpu" and probs.dtype == torch.float32 and kernels.available():
+        return kernels.ext().draw_rows(probs.contiguous(), u).tolist()
+    return [_draw_cumsum(row, ur) for row, ur in zip(probs, u)]
+
+
+def _draw_cumsum(probs: torch.Tensor, u: torch.Tensor) -> int:
+    """draw's plain form: probs [vocab], u [] -> the first token whose cumulative mass exceeds u * total."""
     cdf = probs.double().cumsum(-1)
-    u = torch.rand((1,), generator=generator, dtype=torch.float64, device=probs.device) * cdf[-1]
     # right=True: the first token whose cumulative mass exceeds u, which always has mass > 0
-    return int(torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1).item())
+    return int(torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True).clamp_(max=probs.shape[-1] - 1).item())
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> tuple[list[float], list[dict[int, float]]]:
@@ -91,8 +108,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
             groups.setdefault(id(p), []).append(i)
     for rows in groups.values():
         probs = warp_logits(logits[rows] if len(rows) < logits.shape[0] else logits, params[rows[0]])
-        for r, i in enumerate(rows):
-            tokens[i] = draw(probs[r], generators[i])
+        for i, t in zip(rows, draw_many(probs, [generators[i] for i in rows])):
+            tokens[i] = t
     if not any(p.needs_logprobs for p in params):
         return tokens, None
     return tokens, token_logprobs(logits, tokens, max(p.num_top_logprobs for p in params))
