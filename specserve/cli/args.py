@@ -18,17 +18,21 @@ class Parser(argparse.ArgumentParser):
 
 
 def _checked(convert, ok, rule: str):
-    """An argparse type: convert, then reject values that break `rule` with one line."""
+    """An argparse type: convert, then reject values that break `rule` with one line (argparse would
+    name this function in its own message for a value that does not convert: "invalid parse value")."""
     def parse(s: str):
-        v = convert(s)
+        try:
+            v = convert(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {s!r}") from None
         if not ok(v):
             raise argparse.ArgumentTypeError(f"must be {rule}, got {v}")
         return v
     return parse
 
 
-positive_int = _checked(int, lambda v: v >= 1, ">= 1")
-top_p = _checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
+positive_int = _checked(int, lambda v: v >= 1, "an integer >= 1")
+top_p = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 temperature = _checked(float, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
 positive_float = _checked(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
 
@@ -45,7 +49,10 @@ def prefill_chunk(text: str):
     """auto, none (None: whole prompts) or a number of tokens."""
     if text in ("auto", "none"):
         return None if text == "none" else text
-    return positive_int(text)
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be auto, none or an integer >= 1, got {text!r}") from None
 
 
 # The argparse types a config field's `parse` names (config.option).
@@ -88,6 +95,8 @@ def add_dataclass_args(p: argparse.ArgumentParser, config_cls, skip: Iterable[st
         if isinstance(choices, Registry):
             help, choices = f"{help}: {choices.described()}", choices.names()
         default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
+        if default not in (None, "") and "default" not in help:
+            help = f"{help} (default: {default})"
         convert = PARSERS[m["parse"]] if m.get("parse") else _BY_TYPE.get(str(f.type), str)
         p.add_argument(flag, dest=dest, type=convert, choices=choices, default=default, help=help)
 
@@ -95,3 +104,10 @@ def add_dataclass_args(p: argparse.ArgumentParser, config_cls, skip: Iterable[st
 def dataclass_values(args: argparse.Namespace, config_cls, skip: Iterable[str] = ()) -> dict[str, Any]:
     """{field: value} of config_cls's flags that this command's parser has (add_dataclass_args made them)."""
     return {f.name: getattr(args, dest) for f, _, dest in _flags(config_cls, skip) if hasattr(args, dest)}
+
+
+def changed_flags(args: argparse.Namespace, config_cls) -> list[str]:
+    """The flags of config_cls that this command line set to something other than their default."""
+    def default(f):
+        return ",".join(f.default) if isinstance(f.default, tuple) else f.default
+    return [flag for f, flag, dest in _flags(config_cls, ()) if hasattr(args, dest) and getattr(args, dest) != default(f)]

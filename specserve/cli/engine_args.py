@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from ..config import CacheConfig, GuidedConfig, LoadConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
 from ..registry import DRAFTERS, GUIDED
-from .args import add_dataclass_args, dataclass_values
+from .args import add_dataclass_args, changed_flags, dataclass_values
 
 # Flagged fields of these map to LLM(...)'s keywords of the same names.
 _ENGINE = (ModelConfig, CacheConfig, SchedulerConfig, LoadConfig)
@@ -31,8 +31,13 @@ def add_spec_args(p: argparse.ArgumentParser, default: str = NO_SPECULATION) -> 
 
 
 def spec_from_args(args: argparse.Namespace) -> Optional[dict[str, Any]]:
-    """LLM(speculative=...) from add_spec_args's flags: None for --speculative none."""
+    """LLM(speculative=...) from add_spec_args's flags: None for --speculative none, where a speculative
+    flag given anyway is an error, not silently ignored (`--draft-model X` alone decodes plainly)."""
     if args.speculative == NO_SPECULATION:
+        given = changed_flags(args, SpeculativeConfig)
+        if given:
+            raise ValueError(f"{', '.join(given)} set without a speculative method: add --speculative METHOD "
+                             f"({', '.join(DRAFTERS.names())})")
         return None
     return {"method": args.speculative, **dataclass_values(args, SpeculativeConfig)}
 

@@ -24,11 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
     g.add_argument("-n", type=positive_int, default=1, help="samples of the prompt (its KV is shared)")
-    g.add_argument("--max-tokens", type=positive_int, default=128)
-    g.add_argument("--temperature", type=temperature, default=0.0)
-    g.add_argument("--top-p", type=top_p, default=1.0)
-    g.add_argument("--top-k", type=int, default=-1)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=positive_int, default=128, help="tokens to generate at most (default: 128)")
+    g.add_argument("--temperature", type=temperature, default=0.0,
+                   help="0 (the default here: greedy) or the sampling temperature; the server's default is 1.0, as OpenAI's")
+    g.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling's mass (default: 1.0, off)")
+    g.add_argument("--top-k", type=int, default=-1, help="sample among the k likeliest tokens (default: -1, off; 0 too)")
+    g.add_argument("--seed", type=int, default=None, help="the samples' seed: the same seed, the same output")
     g.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     g.add_argument("--best-of", type=positive_int, default=None,
@@ -161,8 +162,15 @@ def cmd_pull(args) -> int:
 
 
 def cmd_models(args) -> int:
+    from ..loading import embedded_model_path
     from ..loading.pull import list_models
     rows = list_models()
+    try:  # the model --model defaults to, installed with the package (no name to pull)
+        path = embedded_model_path()
+        rows.insert(0, {"name": "(default)", "size": os.path.getsize(path), "path": path,
+                        "description": "SmolLM2-135M-Instruct Q4_1, embedded: what runs when --model is left out"})
+    except FileNotFoundError:
+        pass
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         where = r["path"] or "not pulled (specserve pull " + r["name"] + ")"
@@ -214,7 +222,7 @@ def _exit_130(*_):
 
 def main(argv=None) -> int:
     """Exit codes: 0 done, 2 a user-caused error (one line), 1 anything unexpected (one line; --debug
-    shows the traceback), 130 Ctrl-C (quietly, at any moment)."""
+    shows the traceback), 130 Ctrl-C (quietly, at any moment), 141 output piped to a reader that left."""
     command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -231,6 +239,9 @@ def main(argv=None) -> int:
         return _run(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `specserve models | head`: the reader left; quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush must not fail again
+        return 141
     except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError,
             ConnectionError, ModuleNotFoundError) as e:
         # ConnectionError: a pull that cannot reach the package registry; ModuleNotFoundError: an

@@ -17,11 +17,13 @@ def cmd_serve(args, llm_kwargs: dict) -> int:
 
     from ..engine.async_llm import AsyncLLM
     from ..server.app import build_app
-    from ..server.http import uvicorn_config
+    from ..server.http import listen, url, uvicorn_config
     from ..server.security import api_key
 
     cfg = ServerConfig(**dataclass_values(args, ServerConfig))
     api_key(cfg)  # a bad --api-key-file fails in one line before the model loads
+    sock = listen(cfg.host, cfg.port)  # so does a port in use
+    port = sock.getsockname()[1]
     if cfg.placement:
         from ..cluster.placement import ServePlacement
         from ..cluster.router import ReplicaSet
@@ -33,13 +35,16 @@ def cmd_serve(args, llm_kwargs: dict) -> int:
     else:
         llm = AsyncLLM(**llm_kwargs)
         what = llm.model_name
+        if llm.cache_tokens < llm.max_model_len:  # what a request without max_tokens can get
+            what += (f" (its KV cache holds {llm.cache_tokens} tokens of the {llm.max_model_len}-token context: "
+                     f"--kv-cache-gib for more)")
         from .. import summary_line, system_info
         print(f"specserve: {summary_line(system_info())}", file=sys.stderr, flush=True)  # what a bug report needs first
     try:
         app = build_app(llm, cfg)
-        print(f"specserve: serving {what} on http://{cfg.host}:{cfg.port}/v1 (metrics on /metrics)",
-              file=sys.stderr, flush=True)
-        uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port, log_level="warning")).run()
+        print(f"specserve: serving {what} on {url(cfg.host, port)}/v1 (metrics on /metrics)", file=sys.stderr, flush=True)
+        uvicorn.Server(uvicorn_config(app, cfg.host, port, log_level="warning")).run(sockets=[sock])
     finally:
         llm.shutdown()
+        sock.close()
     return 0

@@ -29,6 +29,7 @@ class Replica:
     def describe(self) -> dict:
         """What the router needs to serve this model without asking again: the tokenizer travels pickled."""
         return {"served": self.name, "model_name": self.llm.model_name, "max_model_len": self.llm.max_model_len,
+                "cache_tokens": self.llm.cache_tokens,
                 "tokenizer": self.llm.tokenizer, "pid": os.getpid(),
                 "cores": sorted(os.sched_getaffinity(self.llm.thread_id)),
                 "kv_blocks_total": self.llm.stats.kv_blocks_total}

@@ -70,13 +70,14 @@ class ReplicaState:
 
 class ModelReplicas:
     """A served model over its replicas, with the surface of AsyncLLM that the server uses: encode,
-    encode_chat, check, generate, abort, tokenizer, model_name, max_model_len (statistics: ReplicaSet)."""
+    encode_chat, check, generate, abort, tokenizer, model_name, max_model_len, cache_tokens (statistics: ReplicaSet)."""
 
     def __init__(self, name: str, replicas: list[ReplicaState], info: dict):
         self.model_name = name
         self.replicas = replicas
         self.tokenizer = info["tokenizer"]
         self.max_model_len = info["max_model_len"]
+        self.cache_tokens = info["cache_tokens"]
         self._keys = itertools.count()
         self._running: dict[str, ReplicaState] = {}  # request id -> the replica holding it
 

@@ -80,6 +80,8 @@ class AsyncLLM:
         self.tokenizer = self._llm.tokenizer
         self.config = self._llm.config
         self.max_model_len = self.engine.max_model_len
+        bm = self.engine.scheduler.blocks
+        self.cache_tokens = bm.num_blocks * bm.block_size  # the longest sequence the KV cache can hold
         # A known model is served under the name it was asked for (as vLLM serves --model's argument);
         # a file or directory under its base name.
         asked = self.config.model.model

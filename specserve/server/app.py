@@ -45,7 +45,27 @@ def build_app(llm, cfg: Optional[ServerConfig] = None):
         app.include_router(routes.router(serving))
 
     on_error = lambda status: metrics.errors.labels(str(status)).inc()  # noqa: E731
-    return Guard(BodyLimit(app, cfg.max_body_bytes, on_error), key, hosts, on_error)
+    return Guard(BodyLimit(JsonBodies(app), cfg.max_body_bytes, on_error), key, hosts, on_error)
+
+
+class JsonBodies:
+    """Pure ASGI middleware: a POST body is read as JSON whatever its declared type. `curl -d '{...}'`
+    sends form-urlencoded, which FastAPI would not parse ("body: Input should be a valid dictionary");
+    llama.cpp's server and ollama read such requests as JSON, and so does this one. A body that is not
+    JSON then gets "the request body is not valid JSON"."""
+
+    JSON = (b"content-type", b"application/json")
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
+            declared = next((v for k, v in scope.get("headers", []) if k.lower() == b"content-type"), b"")
+            if not declared.split(b";")[0].strip().lower().endswith(b"json"):
+                scope = {**scope, "headers": headers + [self.JSON]}
+        return await self.app(scope, receive, send)
 
 
 def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:

@@ -41,3 +41,5 @@ class ServerConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "port" else 1):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.port > 65535:
+            raise ValueError(f"port must be 0-65535 (0: any free port), got {self.port}")

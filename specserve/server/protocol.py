@@ -56,6 +56,8 @@ class _Common(BaseModel):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 return f"{name} is not supported (only 0)", name
+        if self.stream_options is not None and not self.stream:  # as OpenAI and vLLM
+            return "stream_options is only allowed when stream is true", "stream_options"
         if self.stream and (self.best_of is not None or self.best_of_deadline_s is not None):
             return ("best_of and best_of_deadline_s cannot stream: the answer is chosen once every sample has finished",
                     "best_of" if self.best_of is not None else "best_of_deadline_s")

@@ -72,13 +72,18 @@ class Serving:
             logprobs = body.logprobs_param()
             longest = max(len(p) for p in prompts_ids)
             room = llm.max_model_len - longest
-            # the rest of the context when not asked (chat, as vLLM), OpenAI's 16 for completions
-            default = max(1, min(16, room) if isinstance(body, CompletionRequest) else room)
+            # the rest of the context when not asked (chat, as vLLM), OpenAI's 16 for completions; never
+            # more than the KV cache holds (1 GiB holds 18.7k tokens of the 1.5B, whose context is 32k):
+            # a chat client that leaves max_tokens out is served, not refused for a length it never asked
+            fits = llm.cache_tokens - longest
+            default = max(1, min(16, room, fits) if isinstance(body, CompletionRequest) else min(room, fits))
             params = body.sampling_params(default, logprobs)
             for ids in prompts_ids:
                 llm.check(ids, params)
         except ValueError as e:
-            raise ApiError(400, str(e).splitlines()[0]) from None
+            msg = str(e).splitlines()[0]
+            field = msg.split(" ", 1)[0].rstrip(":")  # "temperature must be ...": the parameter it names
+            raise ApiError(400, msg, param=field if field in type(body).model_fields else None) from None
         except EngineDeadError as e:  # no replica of the model left to serve it
             raise unavailable(e) from None
         asked = body.asked_max_tokens()

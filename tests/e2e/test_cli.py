@@ -28,6 +28,20 @@ def test_nonsense_arguments_exit_2_with_one_line(args):
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args,msg", [(["--temperature", "abc"], "--temperature: must be a finite number >= 0, got 'abc'"),
+                                      (["--max-tokens", "1.5"], "--max-tokens: must be an integer >= 1, got '1.5'"),
+                                      (["--prefill-chunk", "x"], "must be auto, none or an integer >= 1, got 'x'")])
+def test_a_value_that_is_no_number_says_what_it_must_be(args, msg):
+    r = run("generate", "x", *args)
+    assert r.returncode == 2 and msg in r.stderr and "parse" not in r.stderr, r.stderr
+
+
+def test_speculative_flags_without_a_method_are_refused_not_ignored():
+    r = run("generate", "x", "--draft-len", "3", "--policy", "fixed")
+    assert r.returncode == 2 and "--draft-len, --policy set without a speculative method" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_unsupported_model_file_is_one_line(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf")
@@ -166,8 +180,9 @@ def test_plan_prints_placement_and_writes_json(tmp_path):
                                       (["--cluster", "1x1:8GB", "--models", "bert-6.7b:1"], "does not fit"),
                                       (["--workload", "trace:/no/such.csv"], "cannot read trace"),
                                       (["--cluster", "lots"], "NODESxDEVICES:MEMORY"),
-                                      (["--beam", "0"], "--beam: must be >= 1"),
-                                      (["--beam", "-3"], "--beam: must be >= 1"),
+                                      (["--beam", "0"], "--beam: must be an integer >= 1"),
+                                      (["--beam", "-3"], "--beam: must be an integer >= 1"),
+                                      (["--beam", "x"], "--beam: must be an integer >= 1, got 'x'"),
                                       (["--slo-scale", "-1"], "--slo-scale: must be a finite number > 0"),
                                       (["--workload", "gamma:rate=inf"], "finite numbers > 0"),
                                       (["--workload", "gamma:rate=1e12"], "at most 100000 requests/s")])
@@ -319,3 +334,16 @@ def test_serve_refuses_a_bad_placement_in_one_line_before_ray_starts(tmp_path, c
     r = run("serve", "--placement", str(path), "--port", "0")
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().count("\n") == 0 and str(path) in r.stderr and why in r.stderr, r.stderr
+
+
+def test_serve_refuses_a_busy_or_impossible_port_in_one_line_before_loading():
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = run("serve", "--port", str(port))
+        assert r.returncode == 2 and f"cannot listen on http://127.0.0.1:{port}" in r.stderr, r.stderr
+        assert r.stderr.strip().count("\n") == 0 and "kernels:" not in r.stderr  # no start-up line: nothing loaded
+    r = run("serve", "--port", "70000")
+    assert r.returncode == 2 and "port must be 0-65535" in r.stderr and r.stderr.strip().count("\n") == 0

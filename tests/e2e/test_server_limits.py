@@ -149,6 +149,51 @@ def test_max_tokens_up_to_the_context_is_served(port):
     assert status == 200 and json.loads(payload)["usage"]["completion_tokens"] == 12
 
 
+@pytest.mark.parametrize("field, value", [("temperature", -1), ("top_p", 0)])
+def test_a_bad_value_names_its_param(port, field, value):
+    status, payload, _ = raw(port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2, field: value})
+    err = json.loads(payload)["error"]
+    assert status == 400 and err["param"] == field and field in err["message"], err
+
+
+def test_stream_options_without_stream_is_a_400(port):
+    status, payload, _ = raw(port, "POST", "/v1/completions",
+                             {"prompt": "hi", "max_tokens": 2, "stream_options": {"include_usage": True}})
+    err = json.loads(payload)["error"]
+    assert status == 400 and err["param"] == "stream_options" and "stream is true" in err["message"]
+
+
+def test_a_json_body_sent_as_a_form_is_read_as_json(port):
+    """`curl -d '{...}'` declares form-urlencoded: served as llama.cpp and ollama serve it; a real form
+    is then not valid JSON, and says so."""
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    status, payload, _ = raw(port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2}, headers=form)
+    assert status == 200 and json.loads(payload)["usage"]["completion_tokens"] == 2
+    status, payload, _ = raw(port, "POST", "/v1/completions", "prompt=hi&max_tokens=2", headers=form)
+    assert status == 400 and json.loads(payload)["error"]["message"] == "the request body is not valid JSON"
+
+
+def test_chat_without_max_tokens_gets_what_the_cache_holds_not_a_400():
+    """A cache smaller than the context (as 1 GiB is for the 1.5B's 32k): chat without max_tokens is
+    served up to what the cache holds, while asking for more than that is still refused."""
+    from specserve import AsyncLLM
+    small = AsyncLLM(kv_cache_gib=0.01)  # 14 blocks of 16 tokens; the embedded model's context is 8192
+    try:
+        assert small.cache_tokens == 224 < small.max_model_len
+        msgs = [{"role": "user", "content": "Count from 1 to 1000, one number a line."}]
+        with serve(small) as p:
+            status, payload, _ = raw(p, "POST", "/v1/chat/completions", {"messages": msgs, "temperature": 0,
+                                                                          "ignore_eos": True})
+            out = json.loads(payload)
+            assert status == 200, out
+            assert out["choices"][0]["finish_reason"] == "length"
+            assert out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"] == small.cache_tokens
+            status, payload, _ = raw(p, "POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 500})
+            assert status == 400 and "raise kv_cache_gib" in json.loads(payload)["error"]["message"]
+    finally:
+        small.shutdown()
+
+
 @pytest.mark.parametrize("name, value", [("functions", [{"name": "f", "parameters": {}}]), ("tool_choice", "auto"),
                                          ("parallel_tool_calls", False), ("response_format", {"type": "json_object"}),
                                          ("tools", [])])

@@ -72,7 +72,7 @@ def test_the_router_counts_every_replica_on_a_device():
     specs = [ReplicaSpec(m, device=d) for d in (0, 1) for m in ("a", "b")]
     states = [ReplicaState(i, s.model, actor=None) for i, s in enumerate(specs)]
     share_devices(states, specs)
-    info = {"tokenizer": None, "max_model_len": 64}
+    info = {"tokenizer": None, "max_model_len": 64, "cache_tokens": 64}
     a = ModelReplicas("a", [states[0], states[2]], info)
     b = ModelReplicas("b", [states[1], states[3]], info)
     assert a.pick() is states[0] and b.pick() is states[1]  # nothing in flight: lower index
