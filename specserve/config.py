@@ -112,7 +112,9 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = option(64, "most sequences in one batch", parse="positive_int")
     max_num_batched_tokens: int = 2048  # tokens per forward pass (prefill chunks + decodes)
-    max_model_len: Optional[int] = None  # None: the model's context length (it cannot exceed it)
+    max_model_len: Optional[int] = option(
+        None, "the longest sequence (prompt + output) served, at most the model's context (default: the context)",
+        parse="positive_int")
     # SARATHI: prompt tokens per step after the running decodes. "auto": measured on this machine when the
     # engine starts (speculative/calibration.py: the smallest chunk whose prefill rate is within 10% of
     # the best); an int: that many; None: whole prompts, up to max_num_batched_tokens a step.
