@@ -1,6 +1,7 @@
 // An int8 kernel timed alone on one thread over random packed blocks: type, rows M, K, N and the build
-// (vnni, amx, amx-emulated or amx-overhead; default vnni) from the command line; the best of 20 runs in GMAC/s, and
-// for a build other than vnni whether its output has run_vnni's bits (bench/q8_harness/run.sh builds it).
+// (vnni, avx2, amx, amx-emulated or amx-overhead; default vnni) from the command line; the best of 20 runs in GMAC/s,
+// and for an AMX build whether its output has run_vnni's bits (bench/q8_harness/run.sh builds it). DUMP=path
+// writes the output's bytes there, to compare two variants of one build.
 #include "ops.h"
 #include "q8_blocks.h"
 #include <chrono>
@@ -35,7 +36,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   using Fn = void (*)(const PCall&, int, int64_t, int64_t);
-  const Fn kernel = build == "amx" ? run_amx : build == "amx-emulated" ? run_amx_emulated : build == "amx-overhead" ? Fn(run<Null>) : run_vnni;
+  const Fn kernel = build == "amx" ? run_amx : build == "amx-emulated" ? run_amx_emulated : build == "amx-overhead" ? Fn(run<Null>) : build == "avx2" ? Fn(run_avx2) : Fn(run_vnni);
   if (build == "amx-emulated") reps = 1;
   std::mt19937 rng(1);
   const int elems = gguf::block_elems(t), bytes = gguf::block_bytes(t);
@@ -56,9 +57,14 @@ int main(int argc, char** argv) {
     kernel(c, 0, 0, groups);
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  if (const char* path = getenv("DUMP")) {
+    FILE* f = fopen(path, "wb");
+    fwrite(y.data(), sizeof(float), y.size(), f);
+    fclose(f);
+  }
   double macs = double(M) * N * K;
   std::string same;
-  if (build != "vnni" && build != "amx-overhead") {  // the bits of every output, NaNs from the random scales included
+  if (build != "vnni" && build != "amx-overhead" && build != "avx2") {  // the bits of every output, NaNs from the random scales included
     std::vector<float> yv(M * N);
     PCall cv{&seg, 1, a, yv.data(), M, K, N};
     run_vnni(cv, 0, 0, groups);

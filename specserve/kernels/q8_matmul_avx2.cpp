@@ -10,6 +10,8 @@
 #include "ops.h"
 #include "q8_blocks.h"
 
+#include <utility>
+
 namespace specserve {
 namespace q8 {
 namespace {
@@ -33,13 +35,29 @@ struct Tile {
   __m256 y[R];
 };
 
-// isum[r] += u . q[r][e .. e + 3] in every column's lane (u: unsigned bytes; SIGNED: u holds signed weights)
-template <int R, bool SIGNED = false>
-inline void dot(__m256i u, int64_t e, const Tile<R>& tl, __m256i isum[R]) {
+// acc[r] += u . q[r][e .. e + 3] as pairs of 16-bit sums (u: unsigned bytes of at most 6 bits). The pairs
+// of products cannot saturate (63 x 127 x 2 < 2^15), and each caller adds at most as many pairs into a
+// 16-bit lane as stay below 2^15 (PAIRS below), so widening them later (madd, below) gives the same
+// integers as widening each one: one VPMADDWD per sub-block instead of one per vector.
+template <int R>
+inline void dot16(__m256i u, int64_t e, const Tile<R>& tl, __m256i acc[R]) {
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(u, bcast4(tl.q[r] + e)));
+}
+
+// acc[r]'s 16-bit pairs widened and summed per 32-bit lane, in place
+template <int R>
+inline void widen(__m256i acc[R]) {
   const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i a = SIGNED ? _mm256_sign_epi8(u, u) : u;
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_madd_epi16(acc[r], ones);
+}
+
+// Q8_0's weights are signed: |w| against x with w's sign (VPMADDUBSW takes one unsigned operand), widened
+// every vector (a pair reaches 128 x 127 x 2).
+template <int R>
+inline void dot_signed(__m256i w, int64_t e, const Tile<R>& tl, __m256i isum[R]) {
+  const __m256i ones = _mm256_set1_epi16(1), a = _mm256_sign_epi8(w, w);
   for (int r = 0; r < R; ++r) {
-    const __m256i x = SIGNED ? _mm256_sign_epi8(bcast4(tl.q[r] + e), u) : bcast4(tl.q[r] + e);
+    const __m256i x = _mm256_sign_epi8(bcast4(tl.q[r] + e), w);
     isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), ones));
   }
 }
@@ -63,6 +81,37 @@ inline void zero(__m256i v[R]) {
   for (int r = 0; r < R; ++r) v[r] = _mm256_setzero_si256();
 }
 
+// byte S % 4 of each 32-bit lane of v, as floats
+template <int S>
+inline __m256 byte_ps(__m256i v) {
+  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8 * (S % 4)), _mm256_set1_epi32(0xFF)));
+}
+
+// Q4_K sub-block S (32 values: the low nibbles of vectors 8 (S / 2) .. +7 for even S, the high ones for
+// odd S; 8 pairs a lane, at most 8 x 15 x 127 x 2 < 2^15), then its float steps.
+template <int S, int R>
+inline void q4k_sub(const uint8_t* qs, int h, int64_t e, __m256 d, __m256 dmin, const __m256i sc[2], const __m256i mn[2],
+                    const Acts& a, Tile<R>& tl) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256i acc[R];
+  zero<R>(acc);
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    const __m256i v = load_half(qs + 64 * (8 * (S / 2) + k), h);
+    dot16<R>(_mm256_and_si256(S % 2 ? _mm256_srli_epi16(v, 4) : v, low4), e + 32 * S + 4 * k, tl, acc);
+  }
+  widen<R>(acc);
+  const __m256 ws = _mm256_mul_ps(d, byte_ps<S>(sc[S / 4]));
+  const __m256 wm = _mm256_xor_ps(_mm256_mul_ps(dmin, byte_ps<S>(mn[S / 4])), _mm256_set1_ps(-0.0f));
+  finish<R, 32, 0, true>(acc, e + 32 * S, ws, wm, a, tl);
+}
+
+template <int R, int... S>
+inline void q4k_subs(std::integer_sequence<int, S...>, const uint8_t* qs, int h, int64_t e, __m256 d, __m256 dmin,
+                     const __m256i sc[2], const __m256i mn[2], const Acts& a, Tile<R>& tl) {
+  (q4k_sub<S, R>(qs, h, e, d, dmin, sc, mn, a, tl), ...);
+}
+
 // One packed block, columns 8h .. 8h+7 of its group (the layout: q8_matmul.cpp's pack_block).
 template <int T, int R>
 inline void block(const uint8_t* p, int h, int64_t e, const Acts& a, Tile<R>& tl) {
@@ -77,42 +126,29 @@ inline void block(const uint8_t* p, int h, int64_t e, const Acts& a, Tile<R>& tl
     const __m256i mn[2] = {_mm256_and_si256(w1, m1),
                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), m2),
                                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), m3), 4))};
-    auto byte = [](__m256i v, int s) {
-      return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(v, _mm256_set1_epi32(8 * (s % 4))), _mm256_set1_epi32(0xFF)));
-    };
-    const uint8_t* qs = p + 256;
-    for (int j = 0; j < 4; ++j) {
-      __m256i hi[R];
-      zero<R>(isum);
-      zero<R>(hi);
-      for (int k = 0; k < 8; ++k) {
-        const __m256i v = load_half(qs + 64 * (8 * j + k), h);
-        dot<R>(_mm256_and_si256(v, low4), e + 64 * j + 4 * k, tl, isum);
-        dot<R>(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), e + 64 * j + 32 + 4 * k, tl, hi);
-      }
-      for (int g = 0; g < 2; ++g) {
-        const int s = 2 * j + g;
-        const __m256 ws = _mm256_mul_ps(d, byte(sc[s / 4], s));
-        const __m256 wm = _mm256_xor_ps(_mm256_mul_ps(dmin, byte(mn[s / 4], s)), _mm256_set1_ps(-0.0f));
-        finish<R, 32, 0, true>(g ? hi : isum, e + 32 * s, ws, wm, a, tl);
-      }
-    }
+    q4k_subs<R>(std::make_integer_sequence<int, 8>{}, p + 256, h, e, d, dmin, sc, mn, a, tl);
   } else if constexpr (T == Q6_K) {
+    // 16 sub-blocks of 16 values (4 vectors), decoded once, then dotted row by row; a lane takes two pairs
+    // of products before widening (2 x 2 x 63 x 127 < 2^15)
     const __m256 d = halfs8(p, h);
     const uint8_t* sc = p + 32;
     const uint8_t* lo = p + 32 + 256;
     const uint8_t* hb = lo + 32 * 64;
-    const __m256i top = _mm256_set1_epi8(0x30);
+    const __m256i top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     for (int s = 0; s < 16; ++s) {
       const __m256i l0 = load_half(lo + 128 * s, h), l1 = load_half(lo + 128 * s + 64, h), hv = load_half(hb + 64 * s, h);
-      zero<R>(isum);
+      const __m256i u[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(hv, 4), top)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(_mm256_slli_epi16(hv, 2), top)),
+          _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(hv, top)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(hv, 2), top))};
       const int64_t e0 = e + 16 * s;
-      dot<R>(_mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(hv, 4), top)), e0, tl, isum);
-      dot<R>(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(_mm256_slli_epi16(hv, 2), top)),
-             e0 + 4, tl, isum);
-      dot<R>(_mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(hv, top)), e0 + 8, tl, isum);
-      dot<R>(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(hv, 2), top)),
-             e0 + 12, tl, isum);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* q = tl.q[r] + e0;
+        const __m256i a01 = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)), _mm256_maddubs_epi16(u[1], bcast4(q + 4)));
+        const __m256i a23 = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)), _mm256_maddubs_epi16(u[3], bcast4(q + 12)));
+        isum[r] = _mm256_add_epi32(_mm256_madd_epi16(a01, ones), _mm256_madd_epi16(a23, ones));
+      }
       int64_t s8;
       std::memcpy(&s8, sc + 16 * s + 8 * h, 8);
       const __m256 ws = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(s8))));
@@ -121,27 +157,31 @@ inline void block(const uint8_t* p, int h, int64_t e, const Acts& a, Tile<R>& tl
   } else if constexpr (T == Q8_0) {
     zero<R>(isum);
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-    for (int k = 0; k < 8; ++k) dot<R, true>(_mm256_xor_si256(load_half(p + 32 + 64 * k, h), flip), e + 4 * k, tl, isum);
+    for (int k = 0; k < 8; ++k) dot_signed<R>(_mm256_xor_si256(load_half(p + 32 + 64 * k, h), flip), e + 4 * k, tl, isum);
     finish<R, 32, 0, false>(isum, e, halfs8(p, h), halfs8(p, h), a, tl);  // sum w x already: no offset
-  } else {  // Q4_0 / Q4_1 / Q5_0 / Q5_1
+  } else {  // Q4_0 / Q4_1 / Q5_0 / Q5_1: 8 vectors a block, widened every 4 (4 x 31 x 127 x 2 < 2^15)
     constexpr bool five = T == Q5_0 || T == Q5_1, mn = T == Q4_1 || T == Q5_1;
     const __m256 ws = halfs8(p, h), wm = mn ? halfs8(p + 32, h) : ws;
     const uint8_t* masks = p + (mn ? 64 : 32);
     const uint8_t* v = masks + (five ? 64 : 0);
     const __m256i sixteen = _mm256_set1_epi8(0x10);
-    zero<R>(isum);
-    for (int k = 0; k < 4; ++k) {
-      const __m256i x = load_half(v + 64 * k, h);
-      __m256i lo = _mm256_and_si256(x, low4), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low4);
-      if constexpr (five) {
-        uint32_t ml, mh;
-        std::memcpy(&ml, masks + 8 * k + 4 * h, 4);
-        std::memcpy(&mh, masks + 8 * (k + 4) + 4 * h, 4);
-        lo = _mm256_or_si256(lo, _mm256_and_si256(bits_to_bytes(ml), sixteen));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(bits_to_bytes(mh), sixteen));
+    __m256i acc[R];
+#pragma GCC unroll 2
+    for (int g = 0; g < 2; ++g) {  // the low nibbles (elements 4k..), then the high ones (16 + 4k..)
+      zero<R>(acc);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const __m256i x = load_half(v + 64 * k, h);
+        __m256i u = _mm256_and_si256(g ? _mm256_srli_epi16(x, 4) : x, low4);
+        if constexpr (five) {
+          uint32_t m;
+          std::memcpy(&m, masks + 8 * (k + 4 * g) + 4 * h, 4);
+          u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes(m), sixteen));
+        }
+        dot16<R>(u, e + 16 * g + 4 * k, tl, acc);
       }
-      dot<R>(lo, e + 4 * k, tl, isum);
-      dot<R>(hi, e + 16 + 4 * k, tl, isum);
+      widen<R>(acc);
+      for (int r = 0; r < R; ++r) isum[r] = g ? _mm256_add_epi32(isum[r], acc[r]) : acc[r];
     }
     finish<R, 32, offset(T), mn>(isum, e, ws, wm, a, tl);
   }

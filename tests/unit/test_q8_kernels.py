@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from specserve import kernels
-from specserve.loading.quants import dequantize
+from specserve.loading.quants import BLOCK_LAYOUT, dequantize
+from specserve.loading.weights import QuantizedWeight
 
 from .test_gguf_kernels import weight, widths
+from .test_quants import F16_FIELDS, random_blocks
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no compiler / AVX2 for the block kernels")
 
@@ -177,3 +179,24 @@ def test_only_file_mapped_pages_are_given_back(tmp_path):
     assert not _file_backed(data) and not _file_backed(view.copy())
     _drop_pages(torch.frombuffer(mm, dtype=torch.uint8))
     assert np.array_equal(view.reshape(-1), data[100:100 + 4 * mmap.PAGESIZE])
+
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("fill", [0xFF, 0x00, 0x80])
+def test_the_largest_sums_do_not_saturate(type_name, fill, build):
+    """Blocks whose values all sit at one extreme (every byte but the fp16 scales set to `fill`) against
+    activations all at +127 or all at -127: the largest sums any 16-bit lane of the AVX2 build holds
+    (VPMADDUBSW's pairs, several added before widening). A build that adds one pair too many per lane
+    saturates or wraps here, where random blocks never come close."""
+    per_block, _ = BLOCK_LAYOUT[type_name]
+    k = 2 * 256
+    raw = random_blocks(type_name, 20 * k // per_block, np.random.default_rng(3))
+    values = np.ones(raw.shape[1], dtype=bool)
+    for off in F16_FIELDS[type_name]:
+        values[off:off + 2] = False
+    raw[:, values] = fill
+    iw = kernels.Int8Weight([QuantizedWeight(type_name, raw.reshape(20, -1), (20, k))])
+    for sign in (1.0, -1.0):
+        x = torch.full((3, k), sign)
+        assert torch.equal(iw.matmul(x), iw.reference(x)), (type_name, fill, sign)
