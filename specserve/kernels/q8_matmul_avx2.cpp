@@ -16,7 +16,7 @@ namespace specserve {
 namespace q8 {
 namespace {
 
-constexpr int MAX_TILE_ROWS = 4;  // 16 registers: R sums (two for Q4_K's sub-block pairs) + R outputs + scratch
+constexpr int MAX_TILE_ROWS = 4;  // 16 registers: R 16-bit sums + R outputs + decoded weights and scratch
 
 inline __m256i load_half(const uint8_t* p, int h) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h)); }
 inline __m256 halfs8(const uint8_t* p, int h) {  // 8 fp16 scales: columns 8h .. 8h+7
@@ -35,10 +35,10 @@ struct Tile {
   __m256 y[R];
 };
 
-// acc[r] += u . q[r][e .. e + 3] as pairs of 16-bit sums (u: unsigned bytes of at most 6 bits). The pairs
+// acc[r] += u . q[r][e .. e + 3] as pairs of 16-bit sums (u: unsigned bytes of at most 6 bits). A pair
 // of products cannot saturate (63 x 127 x 2 < 2^15), and each caller adds at most as many pairs into a
-// 16-bit lane as stay below 2^15 (PAIRS below), so widening them later (madd, below) gives the same
-// integers as widening each one: one VPMADDWD per sub-block instead of one per vector.
+// 16-bit lane as stay below 2^15 (the bound is beside each), so widening them later (widen) gives the
+// same integers as widening each one: one VPMADDWD a sub-block instead of one a vector.
 template <int R>
 inline void dot16(__m256i u, int64_t e, const Tile<R>& tl, __m256i acc[R]) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(u, bcast4(tl.q[r] + e)));
