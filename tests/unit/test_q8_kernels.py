@@ -181,7 +181,6 @@ def test_only_file_mapped_pages_are_given_back(tmp_path):
     assert np.array_equal(view.reshape(-1), data[100:100 + 4 * mmap.PAGESIZE])
 
 
-
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("fill", [0xFF, 0x00, 0x80])
 def test_the_largest_sums_do_not_saturate(type_name, fill, build):
