@@ -17,15 +17,15 @@ namespace specserve {
 // p - window + 1 .. p only. A verify row and the one-token step at its position read the same keys
 // in the same order, so they still give the same bits. A tree node sits at position (context length
 // + its depth), so its window starts there; a tree must be shorter than the window.
-torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                              torch::Tensor block_tables, torch::Tensor q_starts, torch::Tensor q_lens,
-                              torch::Tensor kv_lens, int64_t block_size, double scale,
-                              c10::optional<torch::Tensor> span_lens, c10::optional<torch::Tensor> tree_mask,
+at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                              at::Tensor block_tables, at::Tensor q_starts, at::Tensor q_lens,
+                              at::Tensor kv_lens, int64_t block_size, double scale,
+                              c10::optional<at::Tensor> span_lens, c10::optional<at::Tensor> tree_mask,
                               int64_t window) {
   // Every index the loops below follow is checked first: a bad table or length raises here instead
   // of reading or writing outside the cache (O(sequences + blocks), nothing next to the attention).
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && q.is_contiguous() && q.dim() == 3, "q must be contiguous f32 [T, H, D]");
-  TORCH_CHECK(k_cache.dtype() == torch::kFloat32 && v_cache.dtype() == torch::kFloat32 && k_cache.is_contiguous()
+  TORCH_CHECK(q.dtype() == at::kFloat && q.is_contiguous() && q.dim() == 3, "q must be contiguous f32 [T, H, D]");
+  TORCH_CHECK(k_cache.dtype() == at::kFloat && v_cache.dtype() == at::kFloat && k_cache.is_contiguous()
               && v_cache.is_contiguous() && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(),
               "k_cache/v_cache must be contiguous f32 [slots, Hkv, D] of one shape");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_cache.size(1), B = q_lens.size(0);
@@ -33,7 +33,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   TORCH_CHECK(k_cache.size(2) == D && Hkv > 0 && H % Hkv == 0, "cache heads/head_dim do not match q");
   TORCH_CHECK(block_size > 0 && k_cache.size(0) % block_size == 0, "cache slots must be whole blocks");
   for (const auto* t : {&block_tables, &q_starts, &q_lens, &kv_lens})
-    TORCH_CHECK(t->dtype() == torch::kInt64 && t->is_contiguous() && t->device().is_cpu(), "paged_attention: index tensors must be int64 CPU");
+    TORCH_CHECK(t->dtype() == at::kLong && t->is_contiguous() && t->device().is_cpu(), "paged_attention: index tensors must be int64 CPU");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && q_starts.numel() == B && kv_lens.numel() == B,
               "paged_attention: one table, start and length per sequence");
   const int64_t group = H / Hkv, max_blocks = block_tables.size(1), VD = D / 8;
@@ -44,9 +44,9 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   const uint8_t* tm = nullptr;
   int64_t Lmax = 0;
   if (trees) {
-    TORCH_CHECK(span_lens->dtype() == torch::kInt64 && span_lens->is_contiguous() && span_lens->numel() == B,
+    TORCH_CHECK(span_lens->dtype() == at::kLong && span_lens->is_contiguous() && span_lens->numel() == B,
                 "paged_attention: span_lens must be int64 [B]");
-    TORCH_CHECK(tree_mask->dtype() == torch::kUInt8 && tree_mask->is_contiguous() && tree_mask->dim() == 2
+    TORCH_CHECK(tree_mask->dtype() == at::kByte && tree_mask->is_contiguous() && tree_mask->dim() == 2
                 && tree_mask->size(0) == T, "paged_attention: tree_mask must be uint8 [T, Lmax]");
     sl = span_lens->data_ptr<int64_t>();
     tm = tree_mask->data_ptr<uint8_t>();
@@ -70,7 +70,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
                     " queries, ", kl0[b], " keys and a mask of ", Lmax, " columns");
     }
   }
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();

@@ -137,18 +137,18 @@ bool block_kernel_avx512(c10::optional<bool> enable) {
   return use_avx512();
 }
 
-torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scales, torch::Tensor mins,
+at::Tensor block_matmul(at::Tensor x, at::Tensor qs, at::Tensor scales, at::Tensor mins,
                            bool is_q4) {
   // x: [M, K] f32; qs: [N, K/2] u8 (Q4) or [N, K] i8 (Q8); scales, mins: [N, K/32] f32 -> y: [M, N] f32
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2, "x must be contiguous f32 [M, K]");
+  TORCH_CHECK(x.dtype() == at::kFloat && x.is_contiguous() && x.dim() == 2, "x must be contiguous f32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);
   TORCH_CHECK(K % QK == 0, "K must be a multiple of 32");
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const bool avx512 = use_avx512();
-  torch::Tensor xsum;
+  at::Tensor xsum;
   if (is_q4 && !avx512) {  // [M, K/32] block sums of x, for the min term (the AVX-512 build folds m into w)
-    xsum = torch::empty({M, K / QK}, x.options());
+    xsum = at::empty({M, K / QK}, x.options());
     const float* xs = x.data_ptr<float>();
     float* ps = xsum.data_ptr<float>();
     for (int64_t i = 0; i < M * (K / QK); ++i) {
@@ -178,14 +178,14 @@ torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scal
 // BLOCK_KERNEL_MAX_ROWS. A one-token step with its verify span of up to 8 rows stays on one build.
 constexpr int64_t AMX_MIN_ROWS = 9;
 
-torch::Tensor block_linear(torch::Tensor x, const std::vector<torch::Tensor>& w) {
+at::Tensor block_linear(at::Tensor x, const std::vector<at::Tensor>& w) {
   // w: [qs, scales, mins] as block_matmul takes them, + [packed, scales, mins] from block_pack_amx;
   // or GGUF's own blocks: [raw_0 .. raw_k-1, types] with types an int64 [k] (gguf_linear's segments)
   // or int8 activations: [packed..., raw..., meta] with meta an int32 [k, 2] (q8_linear's)
-  if (w.back().scalar_type() == torch::kInt32) return q8_linear(x, w);
-  if (w.back().scalar_type() == torch::kInt64) {
-    const torch::Tensor types = w.back().contiguous();
-    return gguf_linear(x, std::vector<torch::Tensor>(w.begin(), w.end() - 1),
+  if (w.back().scalar_type() == at::kInt) return q8_linear(x, w);
+  if (w.back().scalar_type() == at::kLong) {
+    const at::Tensor types = w.back().contiguous();
+    return gguf_linear(x, std::vector<at::Tensor>(w.begin(), w.end() - 1),
                        std::vector<int64_t>(types.data_ptr<int64_t>(), types.data_ptr<int64_t>() + types.numel()));
   }
   const bool is_q4 = w[2].numel() > 0;

@@ -275,13 +275,13 @@ bool cpu_has_amx() {
 
 }  // namespace amx
 
-std::vector<torch::Tensor> block_pack_amx(torch::Tensor qs, torch::Tensor scales, torch::Tensor mins, bool is_q4) {
+std::vector<at::Tensor> block_pack_amx(at::Tensor qs, at::Tensor scales, at::Tensor mins, bool is_q4) {
   // qs [N, K/2] u8 (Q4) or [N, K] i8 (Q8); scales, mins [N, K/32] f32
   //   -> packed [N/16, K/32, 256 | 512] u8, scales and mins [N/16, K/32, 16] f32
   const int64_t N = qs.size(0), nb = scales.size(1), row_bytes = qs.size(1);
   TORCH_CHECK(N % amx::GROUP == 0, "AMX packing needs a multiple of 16 output columns");
   const int64_t G = N / amx::GROUP, block_bytes = is_q4 ? 256 : 512;
-  auto packed = torch::zeros({G, nb, block_bytes}, torch::kUInt8);
+  auto packed = at::zeros({G, nb, block_bytes}, at::kByte);
   const uint8_t* q = qs.contiguous().data_ptr<uint8_t>();
   uint8_t* out = packed.data_ptr<uint8_t>();
   for (int64_t g = 0; g < G; ++g)
@@ -304,23 +304,23 @@ std::vector<torch::Tensor> block_pack_amx(torch::Tensor qs, torch::Tensor scales
       }
     }
   // [N, nb] -> [G, nb, 16]: a group's 16 scales per block side by side
-  auto regroup = [&](const torch::Tensor& t) {
+  auto regroup = [&](const at::Tensor& t) {
     return t.reshape({G, amx::GROUP, nb}).transpose(1, 2).contiguous();
   };
-  return {packed, regroup(scales), is_q4 ? regroup(mins) : torch::empty({0}, scales.options())};
+  return {packed, regroup(scales), is_q4 ? regroup(mins) : at::empty({0}, scales.options())};
 }
 
-torch::Tensor block_matmul_amx(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, torch::Tensor mins,
+at::Tensor block_matmul_amx(at::Tensor x, at::Tensor packed, at::Tensor scales, at::Tensor mins,
                                bool is_q4) {
   // x [M, K] f32, weights as block_pack_amx returns them -> y [M, N] f32
   TORCH_CHECK(amx::cpu_has_amx(), "this CPU (or kernel) gives no AMX tiles");
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2, "x must be contiguous f32 [M, K]");
+  TORCH_CHECK(x.dtype() == at::kFloat && x.is_contiguous() && x.dim() == 2, "x must be contiguous f32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), G = packed.size(0), nb = packed.size(1), N = G * amx::GROUP;
   TORCH_CHECK(K == nb * QK, "x has ", K, " columns, the weights ", nb * QK);
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
-  auto pieces = torch::empty({3, M, K}, torch::kInt16);
-  auto xsum = is_q4 ? torch::empty({M, nb}, x.options()) : torch::Tensor();
+  auto pieces = at::empty({3, M, K}, at::kShort);
+  auto xsum = is_q4 ? at::empty({M, nb}, x.options()) : at::Tensor();
   uint16_t* p = reinterpret_cast<uint16_t*>(pieces.data_ptr<int16_t>());
   amx::split_activations(x.data_ptr<float>(), M, K, p, p + M * K, p + 2 * M * K,
                          is_q4 ? xsum.data_ptr<float>() : nullptr);

@@ -3,6 +3,8 @@
 // At one token a step, a layer's real work is ~0.3 ms, while issuing its ~20 small ops from Python
 // costs ~5 us each: a tenth of the step. Chaining the same kernels here removes that overhead and
 // computes exactly what the op-by-op path computes (same kernels, same order).
+#include <torch/extension.h>  // the binding file: pybind11 and the torch types it converts
+
 #include "ops.h"
 
 namespace specserve {

@@ -4,16 +4,16 @@
 namespace specserve {
 
 // out = w * x / rms(x) over the last dim; if residual is given, x += residual first (in place).
-torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps) {
-  TORCH_CHECK(x.is_contiguous() && x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be contiguous f32 [T, H]");
+at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor w, double eps) {
+  TORCH_CHECK(x.is_contiguous() && x.dtype() == at::kFloat && x.dim() == 2, "x must be contiguous f32 [T, H]");
   const int64_t T = x.size(0), H = x.size(1);
-  TORCH_CHECK(w.dtype() == torch::kFloat32 && w.is_contiguous() && w.numel() == H, "w must be f32 [", H, "]");
-  torch::Tensor r;  // held: a temporary's data pointer would dangle
+  TORCH_CHECK(w.dtype() == at::kFloat && w.is_contiguous() && w.numel() == H, "w must be f32 [", H, "]");
+  at::Tensor r;  // held: a temporary's data pointer would dangle
   if (residual) {
     r = residual->contiguous();
-    TORCH_CHECK(r.dtype() == torch::kFloat32 && r.sizes() == x.sizes(), "residual must be f32 like x");
+    TORCH_CHECK(r.dtype() == at::kFloat && r.sizes() == x.sizes(), "residual must be f32 like x");
   }
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   float* xp = x.data_ptr<float>();
   const float* rp = residual ? r.data_ptr<float>() : nullptr;
   const float* wp = w.data_ptr<float>();
@@ -31,11 +31,11 @@ torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, t
 }
 
 // Rotate-half RoPE in place on the first `heads` heads of each row of qkv [T, (H + 2 Hkv) * D].
-void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t D) {
-  TORCH_CHECK(qkv.dtype() == torch::kFloat32 && qkv.is_contiguous() && qkv.dim() == 2, "qkv must be contiguous f32 [T, n]");
+void rope_(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t heads, int64_t D) {
+  TORCH_CHECK(qkv.dtype() == at::kFloat && qkv.is_contiguous() && qkv.dim() == 2, "qkv must be contiguous f32 [T, n]");
   const int64_t T = qkv.size(0), stride = qkv.size(1), half = D / 2;
   TORCH_CHECK(heads >= 0 && D > 0 && D % 2 == 0 && heads * D <= stride, "rope_: ", heads, " heads of ", D, " do not fit rows of ", stride);
-  TORCH_CHECK(cos.dtype() == torch::kFloat32 && sin.dtype() == torch::kFloat32 && cos.is_contiguous() && sin.is_contiguous()
+  TORCH_CHECK(cos.dtype() == at::kFloat && sin.dtype() == at::kFloat && cos.is_contiguous() && sin.is_contiguous()
               && cos.dim() == 2 && cos.size(0) == T && cos.size(1) == D && sin.sizes() == cos.sizes(),
               "cos/sin must be contiguous f32 [T, D]");
   float* p = qkv.data_ptr<float>();
@@ -55,11 +55,11 @@ void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t head
 }
 
 // [T, 2F] (gate | up) -> silu(gate) * up = gate / (1 + exp(-gate)) * up  [T, F]
-torch::Tensor silu_mul(torch::Tensor gu) {
-  TORCH_CHECK(gu.dtype() == torch::kFloat32 && gu.is_contiguous() && gu.dim() == 2 && gu.size(1) % 2 == 0,
+at::Tensor silu_mul(at::Tensor gu) {
+  TORCH_CHECK(gu.dtype() == at::kFloat && gu.is_contiguous() && gu.dim() == 2 && gu.size(1) % 2 == 0,
               "gate_up must be contiguous f32 [T, 2F]");
   const int64_t T = gu.size(0), F = gu.size(1) / 2;
-  auto out = torch::empty({T, F}, gu.options());
+  auto out = at::empty({T, F}, gu.options());
   const float* g = gu.data_ptr<float>();
   float* o = out.data_ptr<float>();
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();

@@ -179,17 +179,17 @@ namespace {
 // Whether calls use the AVX-512 build (as block_kernel_avx512 switches block_matmul's).
 bool use_avx512() { return block_kernel_avx512(c10::nullopt); }
 
-std::vector<gguf::Segment> segments(const std::vector<torch::Tensor>& raws, const std::vector<int64_t>& types,
+std::vector<gguf::Segment> segments(const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types,
                                     int64_t K) {
   TORCH_CHECK(!raws.empty() && raws.size() == types.size(), "gguf_linear: one type per weight segment");
   std::vector<gguf::Segment> segs;
   int64_t first = 0;
   for (size_t i = 0; i < raws.size(); ++i) {
-    const torch::Tensor& r = raws[i];
+    const at::Tensor& r = raws[i];
     const int t = static_cast<int>(types[i]);
     const int elems = gguf::block_elems(t);
     TORCH_CHECK(elems > 0, "gguf_linear: GGML type ", t, " is not one the kernels take");
-    TORCH_CHECK(r.dtype() == torch::kUInt8 && r.dim() == 2 && r.stride(1) == 1, "gguf_linear: raw blocks must be u8 [rows, bytes]");
+    TORCH_CHECK(r.dtype() == at::kByte && r.dim() == 2 && r.stride(1) == 1, "gguf_linear: raw blocks must be u8 [rows, bytes]");
     TORCH_CHECK(K % elems == 0 && r.size(1) == K / elems * gguf::block_bytes(t),
                 "gguf_linear: a row of ", r.size(1), " bytes is not ", K, " elements of GGML type ", t);
     segs.push_back({r.data_ptr<uint8_t>(), t, r.size(0), r.stride(0), first});
@@ -200,14 +200,14 @@ std::vector<gguf::Segment> segments(const std::vector<torch::Tensor>& raws, cons
 
 }  // namespace
 
-torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& raws, const std::vector<int64_t>& types) {
+at::Tensor gguf_linear(at::Tensor x, const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types) {
   // x: [M, K] f32; raws[i]: [N_i, bytes per row] u8 in GGML type types[i] -> y: [M, sum N_i] f32
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be f32 [M, K]");
+  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2, "x must be f32 [M, K]");
   x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1);
   const std::vector<gguf::Segment> segs = segments(raws, types, K);
   const int64_t N = segs.back().first + segs.back().rows;
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   gguf::Call call{segs.data(), static_cast<int>(segs.size()), x.data_ptr<float>(), y.data_ptr<float>(), M, K, N};
   const bool avx512 = use_avx512();
@@ -219,15 +219,15 @@ torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& raw
   return y;
 }
 
-torch::Tensor gguf_dequantize_rows(torch::Tensor raw, int64_t type, torch::Tensor ids, int64_t K) {
+at::Tensor gguf_dequantize_rows(at::Tensor raw, int64_t type, at::Tensor ids, int64_t K) {
   // raw: [N, bytes per row] u8; ids: [T] int64 -> [T, K] f32 (an embedding lookup, or the whole
   // table with ids = arange(N))
   const int t = static_cast<int>(type), elems = gguf::block_elems(t), bytes = gguf::block_bytes(t);
   TORCH_CHECK(elems > 0 && K % elems == 0 && raw.size(1) == K / elems * bytes, "gguf_dequantize_rows: bad type or width");
-  TORCH_CHECK(ids.dtype() == torch::kInt64, "ids must be int64");
+  TORCH_CHECK(ids.dtype() == at::kLong, "ids must be int64");
   ids = ids.contiguous();
   const int64_t T = ids.numel(), N = raw.size(0), stride = raw.stride(0);
-  auto y = torch::empty({T, K}, torch::kFloat32);
+  auto y = at::empty({T, K}, at::kFloat);
   const int64_t* id = ids.data_ptr<int64_t>();
   const uint8_t* base = raw.data_ptr<uint8_t>();
   float* out = y.data_ptr<float>();

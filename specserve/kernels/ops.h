@@ -1,7 +1,13 @@
 // Shared helpers and the ops each kernel file defines (compiled together as one extension).
 #pragma once
-#include <torch/extension.h>
+// ATen's Tensor, parallel_for and the three factories the kernels call, not <torch/extension.h>:
+// that header (autograd, nn, pybind11) took most of each file's compile time; only the binding file
+// (decoder_layer.cpp) includes it.
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <immintrin.h>
 #include <cmath>
 #include <cstdlib>
@@ -40,32 +46,32 @@ inline __m256 exp256(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
 
-torch::Tensor block_matmul(torch::Tensor x, torch::Tensor qs, torch::Tensor scales, torch::Tensor mins, bool is_q4);
+at::Tensor block_matmul(at::Tensor x, at::Tensor qs, at::Tensor scales, at::Tensor mins, bool is_q4);
 bool block_kernel_avx512(c10::optional<bool> enable);  // which build block_matmul uses (and switch it)
 // The AMX build (block_matmul_amx.cpp), over weights regrouped once by block_pack_amx.
-std::vector<torch::Tensor> block_pack_amx(torch::Tensor qs, torch::Tensor scales, torch::Tensor mins, bool is_q4);
-torch::Tensor block_matmul_amx(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, torch::Tensor mins,
+std::vector<at::Tensor> block_pack_amx(at::Tensor qs, at::Tensor scales, at::Tensor mins, bool is_q4);
+at::Tensor block_matmul_amx(at::Tensor x, at::Tensor packed, at::Tensor scales, at::Tensor mins,
                                bool is_q4);
 bool block_kernel_amx();  // whether this CPU and kernel give AMX tiles
 // A blocked weight's product, on the build that suits the pass (w: 3 parts, or 6 with the AMX copy).
-torch::Tensor block_linear(torch::Tensor x, const std::vector<torch::Tensor>& w);
+at::Tensor block_linear(at::Tensor x, const std::vector<at::Tensor>& w);
 // GGUF's own blocks, read in place (gguf_matmul.cpp): raws[i] [N_i, bytes per row] u8 of GGML type types[i].
-torch::Tensor gguf_linear(torch::Tensor x, const std::vector<torch::Tensor>& raws, const std::vector<int64_t>& types);
-torch::Tensor gguf_dequantize_rows(torch::Tensor raw, int64_t type, torch::Tensor ids, int64_t K);
+at::Tensor gguf_linear(at::Tensor x, const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types);
+at::Tensor gguf_dequantize_rows(at::Tensor raw, int64_t type, at::Tensor ids, int64_t K);
 // Int8 activations (q8_matmul.cpp): weights regrouped by q8_pack, parts as Int8Weight.parts gives them.
-torch::Tensor q8_pack(torch::Tensor raw, int64_t type, int64_t K);
-torch::Tensor q8_linear(torch::Tensor x, const std::vector<torch::Tensor>& w);
-torch::Tensor q8_reference(torch::Tensor x, const std::vector<torch::Tensor>& raws, const std::vector<int64_t>& types);
+at::Tensor q8_pack(at::Tensor raw, int64_t type, int64_t K);
+at::Tensor q8_linear(at::Tensor x, const std::vector<at::Tensor>& w);
+at::Tensor q8_reference(at::Tensor x, const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types);
 bool q8_build_agrees(const std::string& want);  // the start-up check a build must pass to be the default
 std::string q8_kernel_build(c10::optional<std::string> want);  // q8_linear's build: amx, vnni, avx2, reference, ...
-torch::Tensor rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual, torch::Tensor w, double eps);
-void rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t heads, int64_t D);
-torch::Tensor silu_mul(torch::Tensor gu);
-torch::Tensor draw_rows(torch::Tensor probs, torch::Tensor u);  // sampling.cpp: inverse-CDF draws, one per row
-torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                              torch::Tensor block_tables, torch::Tensor q_starts, torch::Tensor q_lens,
-                              torch::Tensor kv_lens, int64_t block_size, double scale,
-                              c10::optional<torch::Tensor> span_lens, c10::optional<torch::Tensor> tree_mask,
+at::Tensor rms_norm(at::Tensor x, c10::optional<at::Tensor> residual, at::Tensor w, double eps);
+void rope_(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t heads, int64_t D);
+at::Tensor silu_mul(at::Tensor gu);
+at::Tensor draw_rows(at::Tensor probs, at::Tensor u);  // sampling.cpp: inverse-CDF draws, one per row
+at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                              at::Tensor block_tables, at::Tensor q_starts, at::Tensor q_lens,
+                              at::Tensor kv_lens, int64_t block_size, double scale,
+                              c10::optional<at::Tensor> span_lens, c10::optional<at::Tensor> tree_mask,
                               int64_t window = 0);
 
 }  // namespace specserve

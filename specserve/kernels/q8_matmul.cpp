@@ -83,7 +83,7 @@ void pack_block(int t, const uint8_t* const blocks[LANES], uint8_t* out) {
 }
 
 struct Quantised {
-  torch::Tensor q, d, s16, xs;
+  at::Tensor q, d, s16, xs;
   Acts acts() const {
     return {q.data_ptr<int8_t>(), d.data_ptr<float>(), s16.data_ptr<int32_t>(), xs.data_ptr<float>(), q.size(1)};
   }
@@ -91,11 +91,11 @@ struct Quantised {
 
 // x's rows quantised (quantize_row; `plain`: the scalar loop the reference runs, else the AVX2 one of
 // the same bits).
-Quantised quantise(const torch::Tensor& x, bool plain) {
+Quantised quantise(const at::Tensor& x, bool plain) {
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K % 32 == 0, "int8 activations: K must be a multiple of 32");
-  Quantised r{torch::empty({M, K}, torch::kInt8), torch::empty({M, K / 32}, torch::kFloat32),
-              torch::empty({M, K / 16}, torch::kInt32), torch::empty({M, K / 32}, torch::kFloat32)};
+  Quantised r{at::empty({M, K}, at::kChar), at::empty({M, K / 32}, at::kFloat),
+              at::empty({M, K / 16}, at::kInt), at::empty({M, K / 32}, at::kFloat)};
   const float* px = x.data_ptr<float>();
   const Acts a = r.acts();
   at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) {
@@ -143,7 +143,7 @@ bool agrees(Run run, const char* name) {
     return state;
   };
   const int64_t M = 20, K = 512, N = 2 * LANES;
-  auto x = torch::empty({M, K}, torch::kFloat32);
+  auto x = at::empty({M, K}, at::kFloat);
   for (int64_t i = 0; i < M * K; ++i) x.data_ptr<float>()[i] = (static_cast<float>(next() % 2001) - 1000.0f) / 250.0f;
   const Quantised qx = quantise(x, true);
   const Acts a = qx.acts();
@@ -219,22 +219,22 @@ namespace {
 
 using q8::LANES;
 
-void check_raw(const torch::Tensor& raw, int t, int64_t K) {
+void check_raw(const at::Tensor& raw, int t, int64_t K) {
   const int elems = gguf::block_elems(t);
   TORCH_CHECK(elems > 0 && K % elems == 0, "int8 activations: GGML type ", t, " with K = ", K, " is not one the kernels take");
-  TORCH_CHECK(raw.dtype() == torch::kUInt8 && raw.dim() == 2 && raw.stride(1) == 1 &&
+  TORCH_CHECK(raw.dtype() == at::kByte && raw.dim() == 2 && raw.stride(1) == 1 &&
               raw.size(1) == K / elems * gguf::block_bytes(t), "int8 activations: raw blocks must be u8 [rows, bytes]");
 }
 
 }  // namespace
 
-torch::Tensor q8_pack(torch::Tensor raw, int64_t type, int64_t K) {
+at::Tensor q8_pack(at::Tensor raw, int64_t type, int64_t K) {
   // raw: [N, bytes per row] u8 in GGML type `type` -> [ceil(N / 16), K / block_elems, 16 * block_bytes] u8
   const int t = static_cast<int>(type);
   check_raw(raw, t, K);
   const int64_t N = raw.size(0), groups = (N + LANES - 1) / LANES, nb = K / gguf::block_elems(t);
   const int bytes = gguf::block_bytes(t);
-  auto out = torch::empty({groups, nb, LANES * bytes}, torch::kUInt8);
+  auto out = at::empty({groups, nb, LANES * bytes}, at::kByte);
   const uint8_t* base = raw.data_ptr<uint8_t>();
   uint8_t* po = out.data_ptr<uint8_t>();
   const int64_t stride = raw.stride(0);
@@ -253,9 +253,9 @@ torch::Tensor q8_pack(torch::Tensor raw, int64_t type, int64_t K) {
   return out;
 }
 
-torch::Tensor q8_reference(torch::Tensor x, const std::vector<torch::Tensor>& raws, const std::vector<int64_t>& types) {
+at::Tensor q8_reference(at::Tensor x, const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types) {
   // x: [M, K] f32; raws[i]: [N_i, bytes] u8 of GGML type types[i] -> y: [M, sum N_i] f32, by the plain formula
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be f32 [M, K]");
+  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2, "x must be f32 [M, K]");
   x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(raws.size() == types.size() && !raws.empty(), "one type per segment");
@@ -264,7 +264,7 @@ torch::Tensor q8_reference(torch::Tensor x, const std::vector<torch::Tensor>& ra
     check_raw(raws[i], static_cast<int>(types[i]), K);
     N += raws[i].size(0);
   }
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const q8::Quantised qx = q8::quantise(x, true);
   const q8::Acts a = qx.acts();
@@ -298,20 +298,20 @@ std::string q8_kernel_build(c10::optional<std::string> want) {
   return q8::build();
 }
 
-torch::Tensor q8_linear(torch::Tensor x, const std::vector<torch::Tensor>& w) {
+at::Tensor q8_linear(at::Tensor x, const std::vector<at::Tensor>& w) {
   // w: [packed_0 .. packed_k-1, raw_0 .. raw_k-1, meta] with meta int32 [k, 2] (GGML type, rows) per
   // segment (Int8Weight.parts) -> y [M, sum rows] f32
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x must be f32 [M, K]");
-  const torch::Tensor meta = w.back().contiguous();
+  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2, "x must be f32 [M, K]");
+  const at::Tensor meta = w.back().contiguous();
   const int64_t k = meta.size(0);
-  TORCH_CHECK(meta.scalar_type() == torch::kInt32 && meta.dim() == 2 && static_cast<int64_t>(w.size()) == 2 * k + 1,
+  TORCH_CHECK(meta.scalar_type() == at::kInt && meta.dim() == 2 && static_cast<int64_t>(w.size()) == 2 * k + 1,
               "int8 activations: parts are [packed..., raw..., meta]");
   const int32_t* m = meta.data_ptr<int32_t>();
   const std::string& build = q8::build();
   if (build == "reference") {
     std::vector<int64_t> types(k);
     for (int64_t i = 0; i < k; ++i) types[i] = m[2 * i];
-    return q8_reference(x, std::vector<torch::Tensor>(w.begin() + k, w.end() - 1), types);
+    return q8_reference(x, std::vector<at::Tensor>(w.begin() + k, w.end() - 1), types);
   }
   x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1);
@@ -321,15 +321,15 @@ torch::Tensor q8_linear(torch::Tensor x, const std::vector<torch::Tensor>& w) {
   for (int64_t i = 0; i < k; ++i) {
     const int t = m[2 * i];
     const int64_t rows = m[2 * i + 1], g = (rows + LANES - 1) / LANES;
-    const torch::Tensor& p = w[i];
-    TORCH_CHECK(p.dtype() == torch::kUInt8 && p.is_contiguous() && p.size(0) == g &&
+    const at::Tensor& p = w[i];
+    TORCH_CHECK(p.dtype() == at::kByte && p.is_contiguous() && p.size(0) == g &&
                 p.size(1) * gguf::block_elems(t) == K, "int8 activations: a packed segment does not fit x");
     segs.push_back({p.data_ptr<uint8_t>(), t, rows, first});
     first += rows;
     groups += g;
     group_end.push_back(groups);
   }
-  auto y = torch::empty({M, first}, x.options());
+  auto y = at::empty({M, first}, x.options());
   if (M == 0) return y;
   const q8::Quantised qx = q8::quantise(x, false);
   const q8::PCall call{segs.data(), static_cast<int>(segs.size()), qx.acts(), y.data_ptr<float>(), M, K, first};

@@ -55,14 +55,14 @@ int64_t draw_row(const float* p, int64_t V, double u, std::vector<double>& sums)
 }  // namespace
 
 // probs [N, V] f32 (non-negative, any scale), u [N] f64 in [0, 1) -> [N] int64
-torch::Tensor draw_rows(torch::Tensor probs, torch::Tensor u) {
-  TORCH_CHECK(probs.device().is_cpu() && probs.dtype() == torch::kFloat32 && probs.dim() == 2 && probs.is_contiguous(),
+at::Tensor draw_rows(at::Tensor probs, at::Tensor u) {
+  TORCH_CHECK(probs.device().is_cpu() && probs.dtype() == at::kFloat && probs.dim() == 2 && probs.is_contiguous(),
               "draw_rows: probs must be contiguous f32 [N, V] on the CPU");
   const int64_t N = probs.size(0), V = probs.size(1);
   TORCH_CHECK(V > 0, "draw_rows: an empty vocabulary");
-  TORCH_CHECK(u.dtype() == torch::kFloat64 && u.numel() == N, "draw_rows: one f64 uniform per row");
+  TORCH_CHECK(u.dtype() == at::kDouble && u.numel() == N, "draw_rows: one f64 uniform per row");
   auto uc = u.contiguous();
-  auto out = torch::empty({N}, torch::kInt64);
+  auto out = at::empty({N}, at::kLong);
   const float* p = probs.data_ptr<float>();
   const double* up = uc.data_ptr<double>();
   int64_t* op = out.data_ptr<int64_t>();
