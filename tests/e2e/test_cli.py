@@ -115,6 +115,7 @@ def test_generate_with_a_json_schema_file_a_choice_and_a_bad_regex(tmp_path):
     assert r.returncode == 2 and "guided_regex" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.full  # a benchmark's whole run: `make test-all` (bench spec and plan stay in `make test`)
 def test_bench_guided_writes_validity_speed_and_engines(tmp_path):
     import json
     r = run("bench", "guided", "--schemas", "2", "--samples", "1", "--speculative", "lookup", "--out", str(tmp_path))
@@ -127,6 +128,7 @@ def test_bench_guided_writes_validity_speed_and_engines(tmp_path):
     assert list(tmp_path.glob("guided-*.md")) and list(tmp_path.glob("guided-*.png"))
 
 
+@pytest.mark.full  # a benchmark's whole run: `make test-all` (bench spec and plan stay in `make test`)
 def test_bench_prefix_writes_ttft_with_and_without_the_cache(tmp_path):
     import json
     r = run("bench", "prefix", "--prefix-tokens", "200", "--rounds", "2", "--shared", "1", "--max-tokens", "4",
@@ -138,6 +140,7 @@ def test_bench_prefix_writes_ttft_with_and_without_the_cache(tmp_path):
     assert list(tmp_path.glob("prefix-*.md")) and list(tmp_path.glob("prefix-*.png"))
 
 
+@pytest.mark.full  # a benchmark's whole run: `make test-all` (bench spec and plan stay in `make test`)
 def test_bench_sarathi_writes_latencies_for_chunked_and_whole_prompt_prefill(tmp_path):
     import json
     r = run("bench", "sarathi", "--decoders", "2", "--max-tokens", "12", "--long", "1", "--long-tokens", "200",
@@ -149,6 +152,7 @@ def test_bench_sarathi_writes_latencies_for_chunked_and_whole_prompt_prefill(tmp
     assert list(tmp_path.glob("sarathi-*.md")) and list(tmp_path.glob("sarathi-*.png"))
 
 
+@pytest.mark.full  # a benchmark's whole run: `make test-all` (bench spec and plan stay in `make test`)
 def test_bench_nbest_writes_pass_rates_within_the_budget(tmp_path):
     import json
     r = run("bench", "nbest", "--problems", "2", "--batch-sizes", "1,2", "--budget", "0.5", "--max-tokens", "64",
@@ -191,6 +195,7 @@ def test_plan_bad_input_is_one_line(args, msg):
     assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.full  # a benchmark's whole run: `make test-all` (bench spec and plan stay in `make test`)
 def test_plan_example_and_sweep_write_figures_and_json(tmp_path):
     import json
     r = run("plan", "example", "--out", str(tmp_path))
@@ -205,6 +210,7 @@ def test_plan_example_and_sweep_write_figures_and_json(tmp_path):
     assert {row["axis"] for row in sweep["rows"]} == {"rate", "cv"} and next(tmp_path.glob("sweep-*.png"))
 
 
+@pytest.mark.full  # a benchmark's whole run: `make test-all` (bench spec and plan stay in `make test`)
 def test_plan_llm_compares_drafts_with_replicas(tmp_path):
     """The LLM mode on a synthetic profile (memory-bound up to 16 tokens) and a draft with alpha 0.8."""
     import json
@@ -265,6 +271,7 @@ def test_bench_spec_writes_tables_json_and_plot(tmp_path):
     assert "HumanEval/12" in page.read_text() and 'class="o-target"' in page.read_text()
 
 
+@pytest.mark.full  # a benchmark's whole run: `make test-all` (bench spec and plan stay in `make test`)
 def test_bench_staged_writes_the_papers_tables(tmp_path):
     import json
     r = run("bench", "staged", "--prompts", "1", "--max-tokens", "10", "--threshold-repeats", "1", "--out", str(tmp_path))
@@ -281,6 +288,7 @@ def test_bench_staged_writes_the_papers_tables(tmp_path):
     assert list(tmp_path.glob("staged-*.md")) and list(tmp_path.glob("staged-*.png"))
 
 
+@pytest.mark.full  # a benchmark's whole run: `make test-all` (bench spec and plan stay in `make test`)
 def test_bench_spec_shapes_part_compares_chains_trees_and_auto_beyond_code(tmp_path):
     """The draft-shape part at its smallest: every shape on both prompt sets, per-category acceptance,
     and the batch-1 tree sizes, each cell against RD (greedy: token for token)."""

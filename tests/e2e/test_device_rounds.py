@@ -42,8 +42,10 @@ def _tokens(llm, prompts, params):
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
 
-@pytest.mark.parametrize("caching", [False, True])
-@pytest.mark.parametrize("method", [None, "draft"])
+# two of the four in `make test` (time on an AVX2-only Zen 3): each method once, each caching once
+@pytest.mark.parametrize("method, caching", [(None, True), ("draft", False),
+                                             pytest.param(None, False, marks=pytest.mark.full),
+                                             pytest.param("draft", True, marks=pytest.mark.full)])
 def test_rounds_give_regular_decodings_tokens(method, caching):
     params = [SamplingParams(temperature=0, max_tokens=n) for n in (23, 9, 30, 17, 12)]  # 5 rows: padded to 6
     plain = LLM(enable_prefix_caching=caching, **KW)
@@ -65,7 +67,7 @@ def test_rounds_give_regular_decodings_tokens(method, caching):
         assert llm.spec_stats()["device_rounds"]["rounds"] == 0
 
 
-@pytest.mark.parametrize("caching,top_k", [(False, 3), (True, 3), (False, 1)])
+@pytest.mark.parametrize("caching,top_k", [pytest.param(False, 3, marks=pytest.mark.full), (True, 3), (False, 1)])
 def test_tree_rounds_give_regular_decodings_tokens(caching, top_k):
     """Rounds of token trees, 3 levels of 3 nodes (top_k 1: three chains from the draft's best three
     first tokens): the accepted nodes' K/V move from the tree's rows to their positions; the output is

@@ -74,7 +74,11 @@ def guided_prompts(embedded_llm):
     return prompts, params, reference
 
 
-@pytest.mark.parametrize("name", list(SPEC))
+# these three in `make test-all` only (time on an AVX2-only Zen 3); each stays in test_speculative.py
+FULL_ONLY = {"suffix", "lookahead", "auto"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.full) if n in FULL_ONLY else n for n in SPEC])
 def test_greedy_constrained_speculation_equals_constrained_decoding(name, guided_prompts):
     prompts, params, reference = guided_prompts
     llm = LLM(speculative={**SPEC[name], "fallback": False}, kv_cache_gib=0.25, max_num_seqs=8)
