@@ -74,8 +74,8 @@ def guided_prompts(embedded_llm):
     return prompts, params, reference
 
 
-# these three in `make test-all` only (time on an AVX2-only Zen 3); each stays in test_speculative.py
-FULL_ONLY = {"suffix", "lookahead", "auto"}
+# these two in `make test-all` only (time on an AVX2-only Zen 3); each stays in test_speculative.py
+FULL_ONLY = {"suffix", "auto"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.full) if n in FULL_ONLY else n for n in SPEC])

@@ -56,10 +56,11 @@ ORIGINS = {"draft": {"draft"}, "lookup": {"lookup"}, "ngram": {"ngram"}, "lookup
 
 # Each method, policy, attention mode and shape stays in `make test` at least once; these variants of
 # them run in `make test-all` (the 20 configurations ran over 20 minutes of `make test` on an AVX2-only
-# Zen 3). Staged drafting stays in `make test` in test_prefix_cache.py and test_guided.py.
+# Zen 3). Staged drafting and lookahead stay in `make test` in test_guided.py (staged in
+# test_prefix_cache.py too).
 FULL_ONLY = {"eagle-bass-split", "eagle-bass-pad", "eagle-fixed3", "eagle-tree-split", "eagle-tree-pad",
              "eagle-tree-threshold", "lookup-bass", "lookup+draft-bass", "ngram-bass-pad", "suffix-bass",
-             "suffix-fixed-pad", "lookahead-wide-split", "staged-target-lookup", "staged-3-levels-pad"}
+             "suffix-fixed-pad", "lookahead-bass", "lookahead-wide-split", "staged-target-lookup", "staged-3-levels-pad"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.full) if n in FULL_ONLY else n for n in CONFIGS])
@@ -108,7 +109,7 @@ def test_draft_model_drafter_with_the_target_as_its_own_draft_accepts_everything
 @pytest.mark.parametrize("method, fallback, shape", [("draft", False, "chain"),
                                                      pytest.param("lookup", False, "chain", marks=pytest.mark.full),
                                                      ("lookup+draft", False, "chain"), ("draft", True, "chain"),
-                                                     ("draft", False, "tree"),
+                                                     pytest.param("draft", False, "tree", marks=pytest.mark.full),
                                                      pytest.param("ngram", False, "chain", marks=pytest.mark.full),
                                                      pytest.param("lookahead", False, "chain", marks=pytest.mark.full)])
 # (lookup+draft mixes q = one-hot and q = probs)

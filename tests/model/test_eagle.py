@@ -136,6 +136,7 @@ def test_dense_target_in_bfloat16_stays_close_to_float32(tiny_dir):
     assert ((h16.float() - h32).norm() / h32.norm()) < 0.03
 
 
+@pytest.mark.full  # reads the whole standard library twice: 24 s on an AVX2-only Zen 3
 def test_function_prompts_private_adds_single_underscore_functions():
     from specserve.training.corpus import function_prompts
     public, more = function_prompts(10**6), function_prompts(10**6, private=True)
