@@ -18,10 +18,10 @@ namespace specserve {
 // in the same order, so they still give the same bits. A tree node sits at position (context length
 // + its depth), so its window starts there; a tree must be shorter than the window.
 at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                              at::Tensor block_tables, at::Tensor q_starts, at::Tensor q_lens,
-                              at::Tensor kv_lens, int64_t block_size, double scale,
-                              c10::optional<at::Tensor> span_lens, c10::optional<at::Tensor> tree_mask,
-                              int64_t window) {
+                           at::Tensor block_tables, at::Tensor q_starts, at::Tensor q_lens,
+                           at::Tensor kv_lens, int64_t block_size, double scale,
+                           c10::optional<at::Tensor> span_lens, c10::optional<at::Tensor> tree_mask,
+                           int64_t window) {
   // Every index the loops below follow is checked first: a bad table or length raises here instead
   // of reading or writing outside the cache (O(sequences + blocks), nothing next to the attention).
   TORCH_CHECK(q.dtype() == at::kFloat && q.is_contiguous() && q.dim() == 3, "q must be contiguous f32 [T, H, D]");

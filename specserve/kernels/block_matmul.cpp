@@ -138,7 +138,7 @@ bool block_kernel_avx512(c10::optional<bool> enable) {
 }
 
 at::Tensor block_matmul(at::Tensor x, at::Tensor qs, at::Tensor scales, at::Tensor mins,
-                           bool is_q4) {
+                        bool is_q4) {
   // x: [M, K] f32; qs: [N, K/2] u8 (Q4) or [N, K] i8 (Q8); scales, mins: [N, K/32] f32 -> y: [M, N] f32
   TORCH_CHECK(x.dtype() == at::kFloat && x.is_contiguous() && x.dim() == 2, "x must be contiguous f32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0);

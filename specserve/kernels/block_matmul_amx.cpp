@@ -311,7 +311,7 @@ std::vector<at::Tensor> block_pack_amx(at::Tensor qs, at::Tensor scales, at::Ten
 }
 
 at::Tensor block_matmul_amx(at::Tensor x, at::Tensor packed, at::Tensor scales, at::Tensor mins,
-                               bool is_q4) {
+                            bool is_q4) {
   // x [M, K] f32, weights as block_pack_amx returns them -> y [M, N] f32
   TORCH_CHECK(amx::cpu_has_amx(), "this CPU (or kernel) gives no AMX tiles");
   TORCH_CHECK(x.dtype() == at::kFloat && x.is_contiguous() && x.dim() == 2, "x must be contiguous f32 [M, K]");

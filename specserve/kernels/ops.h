@@ -51,7 +51,7 @@ bool block_kernel_avx512(c10::optional<bool> enable);  // which build block_matm
 // The AMX build (block_matmul_amx.cpp), over weights regrouped once by block_pack_amx.
 std::vector<at::Tensor> block_pack_amx(at::Tensor qs, at::Tensor scales, at::Tensor mins, bool is_q4);
 at::Tensor block_matmul_amx(at::Tensor x, at::Tensor packed, at::Tensor scales, at::Tensor mins,
-                               bool is_q4);
+                            bool is_q4);
 bool block_kernel_amx();  // whether this CPU and kernel give AMX tiles
 // A blocked weight's product, on the build that suits the pass (w: 3 parts, or 6 with the AMX copy).
 at::Tensor block_linear(at::Tensor x, const std::vector<at::Tensor>& w);
@@ -69,9 +69,9 @@ void rope_(at::Tensor qkv, at::Tensor cos, at::Tensor sin, int64_t heads, int64_
 at::Tensor silu_mul(at::Tensor gu);
 at::Tensor draw_rows(at::Tensor probs, at::Tensor u);  // sampling.cpp: inverse-CDF draws, one per row
 at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                              at::Tensor block_tables, at::Tensor q_starts, at::Tensor q_lens,
-                              at::Tensor kv_lens, int64_t block_size, double scale,
-                              c10::optional<at::Tensor> span_lens, c10::optional<at::Tensor> tree_mask,
-                              int64_t window = 0);
+                           at::Tensor block_tables, at::Tensor q_starts, at::Tensor q_lens,
+                           at::Tensor kv_lens, int64_t block_size, double scale,
+                           c10::optional<at::Tensor> span_lens, c10::optional<at::Tensor> tree_mask,
+                           int64_t window = 0);
 
 }  // namespace specserve
