@@ -56,11 +56,11 @@ ORIGINS = {"draft": {"draft"}, "lookup": {"lookup"}, "ngram": {"ngram"}, "lookup
 
 # Each method, policy, attention mode and shape stays in `make test` at least once; these variants of
 # them run in `make test-all` (the 20 configurations ran over 20 minutes of `make test` on an AVX2-only
-# Zen 3). Staged drafting and lookahead stay in `make test` in test_guided.py (staged in
-# test_prefix_cache.py too).
+# Zen 3); lookahead and staged drafting stay in `make test` in test_guided.py (staged in
+# test_prefix_cache.py too), lookup+draft in the seeded test below.
 FULL_ONLY = {"eagle-bass-split", "eagle-bass-pad", "eagle-fixed3", "eagle-tree-split", "eagle-tree-pad",
-             "eagle-tree-threshold", "lookup-bass", "lookup+draft-bass", "ngram-bass-pad", "suffix-bass",
-             "suffix-fixed-pad", "lookahead-bass", "lookahead-wide-split", "staged-target-lookup", "staged-3-levels-pad"}
+             "eagle-tree-threshold", "lookup-bass", "lookup+draft-bass", "ngram-bass-pad", "suffix-fixed-pad",
+             "lookahead-bass", "lookahead-wide-split", "staged-target-lookup", "staged-3-levels-pad"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.full) if n in FULL_ONLY else n for n in CONFIGS])
