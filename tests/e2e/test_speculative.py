@@ -58,7 +58,7 @@ ORIGINS = {"draft": {"draft"}, "lookup": {"lookup"}, "ngram": {"ngram"}, "lookup
 # them run in `make test-all` (the 20 configurations ran over 20 minutes of `make test` on an AVX2-only
 # Zen 3); lookahead and staged drafting stay in `make test` in test_guided.py (staged in
 # test_prefix_cache.py too), lookup+draft in the seeded test below.
-FULL_ONLY = {"eagle-bass-split", "eagle-bass-pad", "eagle-fixed3", "eagle-tree-split", "eagle-tree-pad",
+FULL_ONLY = {"eagle-bass-pad", "eagle-fixed3", "eagle-tree-split", "eagle-tree-pad",
              "eagle-tree-threshold", "lookup-bass", "lookup+draft-bass", "ngram-bass-pad", "suffix-fixed-pad",
              "lookahead-bass", "lookahead-wide-split", "staged-target-lookup", "staged-3-levels-pad"}
 
