@@ -41,6 +41,8 @@ QWEN_SHAPE = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_
                   intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                   max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
                   bos_token_id=151643, eos_token_id=151643, initializer_range=0.02)
+QWEN05_SHAPE = dict(QWEN_SHAPE, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                    num_key_value_heads=2)  # Qwen2.5-Coder-0.5B's, the 1.5B's draft model
 TINY_SHAPE = dict(QWEN_SHAPE, vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2)
 
@@ -239,6 +241,62 @@ def stage_shape(args, rec) -> None:
                 rec.put("shape", f"hf_static_compile_b{b}_ms", r["ms_per_step"])
                 rec.put("shape", f"hf_static_compile_b{b}_total_s", time.perf_counter() - t0)
     del hf, model, graphed, kv
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    with rec.section("shape.draft_passes"):
+        draft_passes(args, rec, dev)
+
+
+def draft_passes(args, rec, dev) -> None:
+    """A random draft model of Qwen2.5-Coder-0.5B's shape (bf16, its head cut to the 65,536 most
+    frequent ids, as `bench/ceiling.py --draft-vocab 65536`): ms per one-row drafting pass of B
+    sequences after a prompt, its passes eager (drafters/draft_model.py) and graphed
+    (cuda/draft_graph.py), and whether both pick the same greedy tokens."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from specserve.cuda.draft_graph import DraftModelGraphs
+    from specserve.drafters.draft_model import DraftModelDrafter
+
+    dry = args.dry_run
+    cfg = TINY_SHAPE if dry else QWEN05_SHAPE
+    steps, batches, width = (4, [1, 2], 256) if dry else (32, [1, 8, 16], 65536)
+    torch.manual_seed(2)
+    with torch.device(dev):
+        hf = Qwen2ForCausalLM(Qwen2Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}))
+    model = LlamaModel(arch_from_config(cfg, "random"), hf_to_canonical(hf.to(torch.bfloat16)), torch.bfloat16, dev,
+                       use_blocks=False, max_len=2048)
+    del hf
+    ids = torch.arange(width, device=dev)
+    t0 = time.perf_counter()
+    eager, graphed = (DraftModelDrafter(model, 400 if not dry else 32, 16, "pad", vocab_ids=ids) for _ in range(2))
+    graphed.graphs = DraftModelGraphs(model, graphed.kv, max(batches), 2048, width, head=graphed.head_rows)
+    rec.put("draft", "capture_s", time.perf_counter() - t0)
+    g = torch.Generator().manual_seed(3)
+    plen = 16 if dry else args.prompt_len
+    for b in batches:
+        prompts = [torch.randint(100, width, (plen,), generator=g).tolist() for _ in range(b)]
+        picks = {}
+        for name, d in (("eager", eager), ("graph", graphed)):
+            reqs = [Request(f"{name}{b}-{i}", p, SamplingParams(temperature=0)) for i, p in enumerate(prompts)]
+            for r in reqs:
+                assert d.reserve(r, plen + steps)
+            d.prefill([(r, plen) for r in reqs])  # a prompt's pass: eager on both (longer than a graph's span)
+            toks, times = [[p[-1]] for p in prompts], []
+            for j in range(steps):  # one-row passes at positions plen, plen + 1, ..., each feeding the last pick
+                sync(dev)
+                t1 = time.perf_counter()
+                nxt = d.score(reqs, [[t[-1]] for t in toks], [plen + j] * b).argmax(-1).tolist()
+                times.append(time.perf_counter() - t1)
+                for t, n in zip(toks, nxt):
+                    t.append(n)
+            picks[name] = [t[1:] for t in toks]
+            rec.put("draft", f"{name}_b{b}_ms", 1e3 * statistics.median(times[1:]))
+            for r in reqs:
+                d.release(r)
+        same = sum(agree(a, c) for a, c in zip(picks["graph"], picks["eager"]))
+        rec.put("draft", f"graph_vs_eager_b{b}_agree", f"{same}/{b * steps}")
+    rec.put("draft", "graph_passes", graphed.graphs.passes)
+    del eager, graphed, model
     if dev.type == "cuda":
         torch.cuda.empty_cache()
 

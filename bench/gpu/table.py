@@ -47,6 +47,12 @@ def table(shape: dict, smollm: dict, spec: Optional[dict] = None) -> str:
         lines.append(f"| Qwen2.5-Coder-1.5B shape (random) | bf16 | {b} | - | {_f(ours)} | "
                      f"{_f(sh.get(f'engine_eager_b{b}_ms'))} | {_f(sh.get(f'hf_eager_b{b}_ms'))} | {_f(comp)} | "
                      f"{_ratio(comp, ours)} |")
+    dr = shape["results"].get("draft", {})
+    for b in (1, 8, 16):
+        eager, graph = dr.get(f"eager_b{b}_ms"), dr.get(f"graph_b{b}_ms")
+        if graph is not None:
+            lines.append(f"| draft passes, Qwen2.5-Coder-0.5B shape (random, head 65,536) | bf16 | {b} | - | {_f(graph)} | "
+                         f"{_f(eager)} | - | - | - |")
     lines += ["", "The 1.5B shape runs the engine's steps without its scheduler (no tokenizer for random weights): "
               "prefill, then runner.execute + argmax per step; its 'step ms' is that loop's.", "",
               "## Greedy identity", "",
@@ -59,7 +65,9 @@ def table(shape: dict, smollm: dict, spec: Optional[dict] = None) -> str:
               f"{_f(kc.get('torch.bfloat16_logit_scale'), '{:.2f}')}, argmax {kc.get('torch.bfloat16_argmax_same')}",
               f"- random 1.5B shape, greedy tokens graphed vs eager steps (bf16): batch 1 "
               f"{sh.get('graph_vs_eager_b1_agree')}, batch 16 {sh.get('graph_vs_eager_b16_agree')} (leading tokens "
-              f"shared; random weights give near-flat logits, where bf16 rounding flips the argmax)", "",
+              f"shared; random weights give near-flat logits, where bf16 rounding flips the argmax)",
+              f"- random 0.5B-shape draft, greedy picks of graphed vs eager one-row passes: batch 1 "
+              f"{dr.get('graph_vs_eager_b1_agree')}, batch 16 {dr.get('graph_vs_eager_b16_agree')}", "",
               "## Speculation (EAGLE draft) vs regular decoding, same run", "",
               "| variant | dtype | batch | ms/token | step ms | speed-up (ms/token) | identical | alpha | c |",
               "|---|---|---|---|---|---|---|---|---|"]

@@ -4,7 +4,12 @@ plan.py     which token counts are captured and how a step is padded up to one (
 buffers.py  the preallocated inputs of a static step, filled from the runner's lists with padding
 ops.py      the fused element-wise ops of a static step (Triton on CUDA, torch references elsewhere)
 forward.py  the Llama forward over the buffers: a fixed sequence of kernels, capturable
-runner.py   GraphModelRunner: replays a captured graph for decode/verify steps, eager otherwise
+graphs.py   capturing that forward at each token count (one memory pool, largest first)
+linear.py   batch-invariant projections (one Triton tiling for every row count)
+eagle_graph.py   EAGLE's greedy chains and its other passes as graphs
+draft_graph.py   a standalone draft model's passes as graphs
+rounds.py   greedy decode rounds on the GPU, several steps a host sync
+engine/graph_runner.py  GraphModelRunner: replays a captured graph for decode/verify steps, eager otherwise
 
 Graphs are keyed by the step's token count, as vLLM's CUDA-graph runner keys uniform decode
 batches by num_tokens = batch x (1 + K): attention reads every token's own sequence, limit and tree

@@ -7,7 +7,7 @@ with the fused ops of cuda/ops.py (Triton) or their torch references (use_triton
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -18,11 +18,13 @@ from .buffers import StaticInputs
 
 class StaticForward:
     def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, inputs: StaticInputs, use_triton: bool,
-                 invariant: bool = False):
+                 invariant: bool = False, head: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
         """model: a models.llama.LlamaModel with dense projections (CUDA, or CPU without block
         kernels); k_cache/v_cache [layers, slots, Hkv, D] (kv.cache.KVCache's); invariant: the
         projections and LM head by cuda/linear.py's fixed tiling (each row's bits independent of the
-        pass's other rows) instead of the library's matmul."""
+        pass's other rows) instead of the library's matmul; head: a reduced LM head in place of the
+        model's (LlamaModel.head_rows, [S, hidden] float32 -> [S, V'] float32: a draft model's cut
+        vocabulary)."""
         if any(lin.block is not None for w in model.layers for lin in (w.qkv, w.o, w.gate_up, w.down)):
             raise ValueError("a static step needs dense projections (the block kernels are the CPU path)")
         self.model, self.k_cache, self.v_cache, self.inputs = model, k_cache, v_cache, inputs
@@ -33,6 +35,7 @@ class StaticForward:
         if invariant and not linear.available():
             raise ValueError("batch_invariant needs triton")
         self.lin = linear.project if invariant else (lambda lin, x: lin(x))
+        self.head = head
 
     @torch.inference_mode()
     def __call__(self, T: int, logits_rows: Optional[torch.Tensor] = None,
@@ -61,9 +64,10 @@ class StaticForward:
         x, h = self.norm(x, delta, m.norm, eps)
         if logits_rows is not None:
             h = h.index_select(0, logits_rows)
+        head = (lambda h: self.lin(m.lm_head, h)) if self.head is None else (lambda h: self.head(h.float()))
         if out is None:
-            return self.lin(m.lm_head, h).float(), x
+            return head(h).float(), x
         logits, hidden = out[0][:T], out[1][:T]
-        logits.copy_(self.lin(m.lm_head, h))  # the cast to float32 that .float() would make, into the buffer
+        logits.copy_(head(h))  # the cast to float32 that .float() would make, into the buffer
         hidden.copy_(x)
         return logits, hidden

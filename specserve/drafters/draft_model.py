@@ -69,8 +69,8 @@ def load_model_drafter(path: str, ctx: DrafterContext, vocab: int = 0, quant: st
     if draft_tok.fingerprint() != ctx.tokenizer.fingerprint() or arch.vocab_size != target.arch.vocab_size:
         raise ValueError(f"{path}: the draft's tokenizer/vocabulary ({arch.vocab_size} tokens) differs from the "
                          f"target's ({target.arch.vocab_size} tokens); a draft must share the target's tokenizer")
-    model = build_model(arch, weights, target.dtype, target.device, use_blocks=True, max_len=target.max_len,
-                        activations=target.activations)
+    model = build_model(arch, weights, target.dtype, target.device, use_blocks=getattr(target, "use_blocks", True),
+                        max_len=target.max_len, activations=target.activations)
     return DraftModelDrafter(model, ctx.num_blocks, ctx.block_size, ctx.attention, vocab_ids)
 
 
@@ -107,6 +107,8 @@ class DraftModelDrafter(Drafter):
         self.proposed_at: dict[str, tuple[int, int]] = {}  # rid -> (tokens when drafted, speculative rows)
         self.attention = attention
         self.passes = 0  # model passes run (catch-ups included): memory traffic in `specserve bench staged`
+        # cuda.draft_graph.DraftModelGraphs, attached by the engine on CUDA: the passes that fit replay a graph
+        self.graphs = None
 
     @torch.inference_mode()
     def propose(self, requests: list[Request], max_len: int, min_confidence: Optional[float] = None,
@@ -232,14 +234,20 @@ class DraftModelDrafter(Drafter):
         span_parents: a tree's) -> logits of each request's last row [B, V'] (every_row: of every row;
         no_logits: of none, [0, V'], the rows' KV alone)."""
         dev = self.model.device
-        meta = self.kv.metadata([r.request_id for r in reqs], q_lens, kv_lens, self.attention, span_parents)
-        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
         if no_logits:
             last = torch.zeros(0, dtype=torch.long, device=dev)
         elif every_row:
             last = torch.arange(len(ids), device=dev)
         else:
             last = torch.cumsum(torch.tensor(q_lens, device=dev), 0) - 1
+        if self.graphs is not None:
+            rids = [r.request_id for r in reqs]
+            logits = self.graphs.forward([self.kv.tables[r] for r in rids], ids, positions, q_lens, kv_lens,
+                                         span_parents, last)
+            if logits is not None:
+                return logits
+        meta = self.kv.metadata([r.request_id for r in reqs], q_lens, kv_lens, self.attention, span_parents)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
         return self.model.forward(ids_t, torch.tensor(positions, dtype=torch.long, device=dev), meta,
                                   self.kv.cache.k, self.kv.cache.v, last, head_rows=self.head_rows)
 

@@ -18,6 +18,7 @@ import torch
 from ..attention import triton_paged
 from ..cuda.buffers import StaticInputs
 from ..cuda.forward import StaticForward
+from ..cuda.graphs import capture_graphs
 from ..cuda.plan import MAX_GRAPH_Q, capture_sizes, padded_size
 from ..kv.cache import KVCache
 from ..scheduler.scheduler import ScheduledRequest
@@ -64,20 +65,7 @@ class GraphModelRunner(ModelRunner):
 
     def _capture_all(self) -> None:
         t0 = time.perf_counter()
-        self.inputs.clear()
-        pool = None
-        for size in reversed(self.sizes):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # compiles the kernels, picks cuBLAS's algorithms for this size
-                self.static(size, out=self.out)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits, hidden = self.static(size, out=self.out)
-            pool = graph.pool()
-            self.graphs[size] = (graph, logits, hidden)
-        torch.cuda.synchronize()
+        self.graphs = capture_graphs(self.static, self.sizes, self.out)
         self.capture_s = time.perf_counter() - t0
 
     def time_pass(self, table: list[int], n: int, context: int, mode: str = "pad", repeats: int = 1,

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ..config import EngineConfig, SpeculativeConfig
-from ..drafters import DrafterContext, TreeShape, build_drafter
+from ..drafters import Drafter, DrafterContext, TreeShape, build_drafter
 from ..kv.block_manager import BlockManager
 from ..kv.cache import KVCache
 from ..loading import IncrementalDetokenizer, load_model_files
@@ -446,11 +446,29 @@ def _graph_runner(eager: ModelRunner, config: EngineConfig, max_model_len: int) 
 
 
 def _graph_drafter(drafter, config: EngineConfig, max_model_len: int) -> None:
-    """EAGLE's greedy chains as CUDA graphs beside the target's (cuda/eagle_graph.py)."""
+    """The drafter's passes as CUDA graphs beside the target's: EAGLE's greedy chains (cuda/eagle_graph.py)
+    and a standalone draft model's passes (cuda/draft_graph.py), alone, as a staged level or as the
+    model side of a combined method ("auto", "lookup+draft")."""
+    from ..drafters.draft_model import DraftModelDrafter
     from ..drafters.eagle import EagleDrafter
+    max_seqs = config.scheduler.max_num_seqs
     if isinstance(drafter, EagleDrafter):
         from ..cuda.eagle_graph import EagleChainGraphs
-        drafter.chain_graphs = EagleChainGraphs(drafter, config.scheduler.max_num_seqs, max_model_len)
+        drafter.chain_graphs = EagleChainGraphs(drafter, max_seqs, max_model_len)
+    for d in _drafter_parts(drafter):
+        if isinstance(d, DraftModelDrafter) and d.graphs is None and d.model.graphable and not any(d.model.windows):
+            from ..cuda.draft_graph import DraftModelGraphs
+            vocab = d.model.arch.vocab_size if d.vocab_ids is None else len(d.vocab_ids)
+            d.graphs = DraftModelGraphs(d.model, d.kv, max_seqs, max_model_len, vocab, head=d.head_rows)
+
+
+def _drafter_parts(drafter):
+    """drafter and the drafters inside it (a staged level's model and helper, a combined method's model)."""
+    yield drafter
+    for name in ("model", "helper"):
+        part = getattr(drafter, name, None)
+        if isinstance(part, Drafter):
+            yield from _drafter_parts(part)
 
 
 def _root(s: ScheduledRequest) -> int:

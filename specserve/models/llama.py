@@ -41,6 +41,7 @@ class LlamaModel:
         self.num_heads, self.num_kv_heads, self.head_dim = arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim
         self.eps = arch.rms_norm_eps
         use_blocks = use_blocks and device.type == "cpu" and dtype == torch.float32 and kernels.available()
+        self.use_blocks = use_blocks  # whether the projections run on the CPU block kernels (a draft model follows)
         self.layers = [self.load_layer(arch, weights, i, dtype, device, use_blocks, activations) for i in range(arch.num_hidden_layers)]
         self.norm = as_dense(weights["norm"]).to(device, dtype)
         embed = weights["embed"]
