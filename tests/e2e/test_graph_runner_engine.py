@@ -119,10 +119,14 @@ def test_graphed_draft_model_drafts_what_the_eager_drafter_drafts(tmp_path, meth
     assert drafter.graphs.passes > 0
 
 
-def test_graphed_draft_pass_gives_the_reduced_heads_logits(tmp_path):
+@pytest.mark.parametrize("fused", ["torch", "triton"])
+def test_graphed_draft_pass_gives_the_reduced_heads_logits(tmp_path, fused):
     """A draft with a cut vocabulary (LlamaModel.head_rows): a graphed pass's logits are those of the
-    eager pass, over the same V' rows, for a two-request chain catch-up and one-row steps."""
+    eager pass, over the same V' rows, for a two-request prompt pass and one- and two-row steps (the
+    fused ops' torch references, or the Triton kernels under the interpreter)."""
     pytest.importorskip("transformers")
+    if fused == "triton" and not triton_paged.available():
+        pytest.skip("triton not installed (pip install '.[gpu-test]')")
     from specserve.cuda.draft_graph import DraftModelGraphs
     from specserve.drafters.draft_model import DraftModelDrafter
     from specserve.types import Request
@@ -132,7 +136,8 @@ def test_graphed_draft_pass_gives_the_reduced_heads_logits(tmp_path):
     model = LLM(str(tmp_path), block_kernels=False, kv_cache_gib=0.01).engine.model
     vocab_ids = torch.arange(1, model.arch.vocab_size, 3)
     eager, graphed = (DraftModelDrafter(model, 16, 4, vocab_ids=vocab_ids) for _ in range(2))
-    graphed.graphs = DraftModelGraphs(model, graphed.kv, 4, 64, len(vocab_ids), head=graphed.head_rows, capture=False)
+    graphed.graphs = DraftModelGraphs(model, graphed.kv, 4, 64, len(vocab_ids), head=graphed.head_rows, capture=False,
+                                      use_triton=fused == "triton")
     reqs = [Request("a", [5, 6, 7, 8, 5], SamplingParams(temperature=0)), Request("b", [9, 3], SamplingParams(temperature=0))]
     for d in (eager, graphed):
         for r in reqs:
@@ -141,5 +146,5 @@ def test_graphed_draft_pass_gives_the_reduced_heads_logits(tmp_path):
         want = eager.score(reqs, spans, starts)
         got = graphed.score(reqs, spans, starts)
         assert got.shape == want.shape == (2, len(vocab_ids))
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert graphed.graphs.passes == 3
