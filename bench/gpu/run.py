@@ -280,9 +280,11 @@ def draft_passes(args, rec, dev) -> None:
             reqs = [Request(f"{name}{b}-{i}", p, SamplingParams(temperature=0)) for i, p in enumerate(prompts)]
             for r in reqs:
                 assert d.reserve(r, plen + steps)
-            d.prefill([(r, plen) for r in reqs])  # a prompt's pass: eager on both (longer than a graph's span)
+            d.prefill([(r, plen) for r in reqs])  # the prompt's pass (eager where longer than a graph's span)
             toks, times = [[p[-1]] for p in prompts], []
-            for j in range(steps):  # one-row passes at positions plen, plen + 1, ..., each feeding the last pick
+            # one-row passes at positions plen, plen + 1, ..., each feeding the last pick (the first feeds
+            # the prompt's last token again: any token does for timing and for the two paths' agreement)
+            for j in range(steps):
                 sync(dev)
                 t1 = time.perf_counter()
                 nxt = d.score(reqs, [[t[-1]] for t in toks], [plen + j] * b).argmax(-1).tolist()

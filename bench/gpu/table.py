@@ -51,8 +51,8 @@ def table(shape: dict, smollm: dict, spec: Optional[dict] = None) -> str:
     for b in (1, 8, 16):
         eager, graph = dr.get(f"eager_b{b}_ms"), dr.get(f"graph_b{b}_ms")
         if graph is not None:
-            lines.append(f"| draft passes, Qwen2.5-Coder-0.5B shape (random, head 65,536) | bf16 | {b} | - | {_f(graph)} | "
-                         f"{_f(eager)} | - | - | - |")
+            lines.append("| draft model, ms a one-row pass: Qwen2.5-Coder-0.5B shape (random, head 65,536) | bf16 | "
+                         f"{b} | - | {_f(graph)} | {_f(eager)} | - | - | - |")
     lines += ["", "The 1.5B shape runs the engine's steps without its scheduler (no tokenizer for random weights): "
               "prefill, then runner.execute + argmax per step; its 'step ms' is that loop's.", "",
               "## Greedy identity", "",

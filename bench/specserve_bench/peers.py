@@ -59,24 +59,36 @@ def llama_cpp_available() -> bool:
 
 
 def llama_cpp_runs(gguf_path: str, threads: Optional[int], prompts: list[list[int]], max_new: int) -> Optional[list[dict]]:
-    """llama_cpp_generate over each prompt, in a child process: llama.cpp is native code that can
-    crash the interpreter, and a peer must never take the benchmark's own results down with it. Its
-    AMX path (weights repacked into "extra buffer types" where the CPU reports AMX) segfaults on VMs
-    that do not grant the tile state; then it runs again without extra buffers (its AVX-512 path).
-    None when it failed both ways (said why)."""
+    """llama_cpp_generate over each prompt, in a child process (_in_child). None when it failed."""
+    return _in_child(_llama_cpp_child, gguf_path, threads, prompts, max_new)
+
+
+def llama_cpp_pass_curve(gguf_path: str, threads: Optional[int], rows: tuple[int, ...], context: int = 128,
+                         repeats: int = 3) -> Optional[dict[int, float]]:
+    """Seconds of llama.cpp's pass over n new rows after `context` tokens, logits at every row (a verify
+    pass), for each n in rows: the fastest of `repeats` llama_decode calls, the rows' KV removed after
+    each (what bench/row_cost.py puts beside the engine's calibrated passes). None when it failed."""
+    return _in_child(_llama_cpp_passes_child, gguf_path, threads, rows, context, repeats)
+
+
+def _in_child(fn, *args):
+    """fn(*args, extra_bufts) in a child process: llama.cpp is native code that can crash the
+    interpreter, and a peer must never take the benchmark's own results down with it. Its AMX path
+    (weights repacked into "extra buffer types" where the CPU reports AMX) segfaults on VMs that do
+    not grant the tile state; then it runs again without extra buffers (its AVX-512 path). None when
+    it failed both ways (said why)."""
     ctx = multiprocessing.get_context("spawn")
     for extra_bufts in (True, False):
         try:
             with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
-                return pool.submit(_llama_cpp_child, gguf_path, threads, prompts, max_new, extra_bufts).result()
+                return pool.submit(fn, *args, extra_bufts).result()
         except Exception as e:  # BrokenProcessPool on a crash, or llama.cpp's own errors
             print(f"llama.cpp: its run {'with' if extra_bufts else 'without'} extra buffer types failed "
                   f"({type(e).__name__}: {str(e)[:160]})", file=sys.stderr)
     return None
 
 
-def _llama_cpp_child(gguf_path: str, threads: Optional[int], prompts: list[list[int]], max_new: int,
-                     extra_bufts: bool) -> list[dict]:
+def _load_llama_cpp(gguf_path: str, threads: Optional[int], extra_bufts: bool, **kw):
     import llama_cpp
     from llama_cpp import Llama
     if not extra_bufts:  # the high-level API has no switch for it; set it on the default model params
@@ -87,14 +99,40 @@ def _llama_cpp_child(gguf_path: str, threads: Optional[int], prompts: list[list[
             params.use_extra_bufts = False
             return params
         llama_cpp.llama_cpp.llama_model_default_params = no_extra_bufts
+    return Llama(model_path=gguf_path, n_threads=threads or os.cpu_count(), verbose=False, **kw)
+
+
+def _llama_cpp_child(gguf_path: str, threads: Optional[int], prompts: list[list[int]], max_new: int,
+                     extra_bufts: bool) -> list[dict]:
+    import llama_cpp  # noqa: F401  (before the clock: its load time excludes the imports)
     t0 = time.perf_counter()
-    llm = Llama(model_path=gguf_path, n_threads=threads or os.cpu_count(), n_ctx=2048, verbose=False)
+    llm = _load_llama_cpp(gguf_path, threads, extra_bufts, n_ctx=2048)
     load_s = time.perf_counter() - t0
     llama_cpp_generate(llm, prompts[0], 4)  # warm-up: its first evaluation sets up buffers
     runs = [llama_cpp_generate(llm, ids, max_new) for ids in prompts]
     for r in runs:  # this child process is llama.cpp alone: its load time (imports excluded) and peak RSS
         r.update(load_s=load_s, peak_rss_mb=peak_rss_mb())
     return runs
+
+
+def _llama_cpp_passes_child(gguf_path: str, threads: Optional[int], rows: tuple[int, ...], context: int,
+                            repeats: int, extra_bufts: bool) -> dict[int, float]:
+    top = max(rows)
+    llm = _load_llama_cpp(gguf_path, threads, extra_bufts, n_ctx=context + top + 16, n_batch=max(512, top),
+                          logits_all=True)
+    ids = [(1000 + 37 * i) % llm.n_vocab() for i in range(context + top)]  # any tokens: the time is the same
+    llm.eval(ids[:context])
+    out: dict[int, float] = {}
+    for n in [rows[0]] + list(rows):  # the first pass warms up
+        best = float("inf")
+        for _ in range(repeats):
+            llm._ctx.kv_cache_seq_rm(-1, context, -1)
+            llm._batch.set_batch(batch=ids[context:context + n], n_past=context, logits_all=True)
+            t0 = time.perf_counter()
+            llm._ctx.decode(llm._batch)
+            best = min(best, time.perf_counter() - t0)
+        out[n] = best
+    return out
 
 
 def llama_cpp_generate(llm, ids: list[int], max_new: int) -> dict:

@@ -50,6 +50,7 @@ class DraftModelGraphs:
                     torch.empty(top, model.arch.hidden_size, dtype=model.dtype, device=dev))
         self.graphs: dict[int, tuple] = {}  # size -> (CUDAGraph, logits [size, V'], hidden)
         self.passes = 0  # passes run here (the rest ran eagerly)
+        self.tree_passes = 0  # of which a token tree's level
         if self.capture:
             with torch.cuda.device(dev):
                 self.graphs = capture_graphs(self.static, self.sizes, self.out)
@@ -74,6 +75,7 @@ class DraftModelGraphs:
             return None
         self.inputs.fill(ids, positions, q_lens, kv_lens, tables, trees, size)
         self.passes += 1
+        self.tree_passes += any(p is not None for p in trees)
         if self.capture:
             graph, logits, _ = self.graphs[size]
             graph.replay()

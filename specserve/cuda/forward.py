@@ -64,10 +64,13 @@ class StaticForward:
         x, h = self.norm(x, delta, m.norm, eps)
         if logits_rows is not None:
             h = h.index_select(0, logits_rows)
-        head = (lambda h: self.lin(m.lm_head, h)) if self.head is None else (lambda h: self.head(h.float()))
         if out is None:
-            return head(h).float(), x
+            return self._logits(h).float(), x
         logits, hidden = out[0][:T], out[1][:T]
-        logits.copy_(head(h))  # the cast to float32 that .float() would make, into the buffer
+        logits.copy_(self._logits(h))  # the cast to float32 that .float() would make, into the buffer
         hidden.copy_(x)
         return logits, hidden
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The final norm's rows [S, hidden] -> logits [S, V] (the model's dtype; float32 from a reduced head)."""
+        return self.lin(self.model.lm_head, h) if self.head is None else self.head(h.float())

@@ -452,13 +452,13 @@ def _graph_drafter(drafter, config: EngineConfig, max_model_len: int) -> None:
     from ..drafters.draft_model import DraftModelDrafter
     from ..drafters.eagle import EagleDrafter
     max_seqs = config.scheduler.max_num_seqs
-    if isinstance(drafter, EagleDrafter):
-        from ..cuda.eagle_graph import EagleChainGraphs
-        drafter.chain_graphs = EagleChainGraphs(drafter, max_seqs, max_model_len)
     for d in _drafter_parts(drafter):
-        if isinstance(d, DraftModelDrafter) and d.graphs is None and d.model.graphable and not any(d.model.windows):
+        if isinstance(d, EagleDrafter) and d.chain_graphs is None:
+            from ..cuda.eagle_graph import EagleChainGraphs
+            d.chain_graphs = EagleChainGraphs(d, max_seqs, max_model_len)
+        elif isinstance(d, DraftModelDrafter) and d.graphs is None and d.model.graphable and not any(d.model.windows):
             from ..cuda.draft_graph import DraftModelGraphs
-            vocab = d.model.arch.vocab_size if d.vocab_ids is None else len(d.vocab_ids)
+            vocab = d.model.lm_head.dense.shape[0] if d.vocab_ids is None else len(d.vocab_ids)
             d.graphs = DraftModelGraphs(d.model, d.kv, max_seqs, max_model_len, vocab, head=d.head_rows)
 
 
