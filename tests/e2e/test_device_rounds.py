@@ -67,7 +67,8 @@ def test_rounds_give_regular_decodings_tokens(method, caching):
         assert llm.spec_stats()["device_rounds"]["rounds"] == 0
 
 
-@pytest.mark.parametrize("caching,top_k", [pytest.param(False, 3, marks=pytest.mark.full), (True, 3), (False, 1)])
+@pytest.mark.parametrize("caching,top_k", [pytest.param(False, 3, marks=pytest.mark.full), (True, 3),
+                                           pytest.param(False, 1, marks=pytest.mark.full)])
 def test_tree_rounds_give_regular_decodings_tokens(caching, top_k):
     """Rounds of token trees, 3 levels of 3 nodes (top_k 1: three chains from the draft's best three
     first tokens): the accepted nodes' K/V move from the tree's rows to their positions; the output is

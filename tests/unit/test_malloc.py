@@ -39,7 +39,9 @@ def test_freed_step_memory_stays_mapped():
     kept, faults_kept = _faults()
     default, faults_default = _faults(SPECSERVE_NO_MALLOPT="1")
     assert (kept, default) == ("True", "False")
-    # 60 steps of 64 MB: with glibc's defaults ~100k-1M faults (4 KB pages; the heap's top given back
-    # in most steps), kept at most a one-off growth of the heap (0-20k seen)
-    assert faults_default > 16 * 4096, faults_default
+    # 60 steps of 64 MB: with glibc's defaults 65k-1M faults seen (4 KB pages; the heap's top given back
+    # in some or most steps, as glibc's dynamic thresholds move), kept at most a one-off growth of the
+    # heap (0-20k seen). The bound on the kept run is the test; the other checks this workload faults
+    # without the setting, at least twice as often.
     assert faults_kept <= 8 * 4096, (faults_kept, faults_default)
+    assert faults_default > max(8 * 4096, 2 * faults_kept), (faults_kept, faults_default)
