@@ -240,13 +240,13 @@ class DraftModelDrafter(Drafter):
             last = torch.arange(len(ids), device=dev)
         else:
             last = torch.cumsum(torch.tensor(q_lens, device=dev), 0) - 1
+        rids = [r.request_id for r in reqs]
         if self.graphs is not None:
-            rids = [r.request_id for r in reqs]
             logits = self.graphs.forward([self.kv.tables[r] for r in rids], ids, positions, q_lens, kv_lens,
                                          span_parents, last)
             if logits is not None:
                 return logits
-        meta = self.kv.metadata([r.request_id for r in reqs], q_lens, kv_lens, self.attention, span_parents)
+        meta = self.kv.metadata(rids, q_lens, kv_lens, self.attention, span_parents)
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
         return self.model.forward(ids_t, torch.tensor(positions, dtype=torch.long, device=dev), meta,
                                   self.kv.cache.k, self.kv.cache.v, last, head_rows=self.head_rows)
