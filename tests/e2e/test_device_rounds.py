@@ -103,10 +103,11 @@ def test_tree_rounds_through_the_triton_kernels():
 def test_rounds_stop_where_regular_decoding_stops():
     """EOS and stop strings met inside a run of rounds: the tokens after them are dropped."""
     base = SamplingParams(temperature=0, max_tokens=40)
-    plain = _tokens(LLM(**KW), PROMPTS, base)
-    stop_text = LLM(**KW).tokenizer.decode(plain[0][5:7])
+    regular = LLM(**KW)
+    plain = _tokens(regular, PROMPTS, base)
+    stop_text = regular.tokenizer.decode(plain[0][5:7])
     params = SamplingParams(temperature=0, max_tokens=40, stop=[stop_text])
-    ref = LLM(**KW).generate(PROMPTS, params)
+    ref = regular.generate(PROMPTS, params)
     llm = LLM(speculative={"method": "draft", "fallback": False}, **KW)
     _with_rounds(llm, max_rounds=8, draft_len=4)
     got = llm.generate(PROMPTS, params)

@@ -46,19 +46,22 @@ def test_prefix_caching_changes_no_token(uncached):
     assert min(hits[3:]) > 0
 
 
-def test_eviction_and_preemption_with_a_small_cache_change_no_token():
+def test_eviction_and_preemption_with_a_small_cache_change_no_token(uncached, monkeypatch):
     """40 blocks of 16 tokens: four ~450-token prompts sharing 27 blocks, 80 tokens each, preempt
-    (2 preemptions, 30 evictions when this was written); the outputs stay the same."""
-    small = dict(kv_cache_gib=0.028)
-    a, b = LLM(**small), LLM(enable_prefix_caching=False, **small)
-    assert a.engine.scheduler.blocks.num_blocks == 40
+    (2 preemptions, 30 evictions when this was written); the outputs stay those of an engine with
+    room for all four and no cache."""
+    a = LLM(kv_cache_gib=0.028)
+    sched, bm = a.engine.scheduler, a.engine.scheduler.blocks
+    assert bm.num_blocks == 40
+    preempted, taken = [], []
+    monkeypatch.setattr(sched, "_preempt", lambda req, out, f=sched._preempt: (preempted.append(req), f(req, out)))
+    monkeypatch.setattr(bm, "_unregister", lambda b, f=bm._unregister: (taken.append(b), f(b)))
     greedy = SamplingParams(temperature=0, max_tokens=80)
-    # without the cache every round is the same (and the slow one: 4x the time, all prompts recomputed)
-    want = [o.outputs[0].token_ids for o in b.chat([_conv(q) for q in QUESTIONS], greedy)]
+    want = [o.outputs[0].token_ids for o in uncached.chat([_conv(q) for q in QUESTIONS], greedy)]
     for _ in range(2):  # the second round starts from what the first left cached
         got = [o.outputs[0].token_ids for o in a.chat([_conv(q) for q in QUESTIONS], greedy)]
         assert got == want
-    bm = a.engine.scheduler.blocks
+    assert preempted and taken  # else this tests neither
     assert bm.num_free_blocks == bm.num_blocks and bm.num_cached_blocks > 0
 
 
