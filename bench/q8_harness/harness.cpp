@@ -1,5 +1,5 @@
 // An int8 kernel timed alone on one thread over random packed blocks: type, rows M, K, N and the build
-// (vnni, avx2, amx, amx-emulated or amx-overhead; default vnni) from the command line; the best of 20 runs in GMAC/s,
+// (vnni, avx2, avxvnni, avxvnni-emulated, amx, amx-emulated or amx-overhead; default vnni) from the command line; the best of 20 runs in GMAC/s,
 // and for an AMX build whether its output has run_vnni's bits (bench/q8_harness/run.sh builds it). DUMP=path
 // writes the output's bytes there, to compare two variants of one build.
 #include "ops.h"
@@ -36,7 +36,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   using Fn = void (*)(const PCall&, int, int64_t, int64_t);
-  const Fn kernel = build == "amx" ? run_amx : build == "amx-emulated" ? run_amx_emulated : build == "amx-overhead" ? Fn(run<Null>) : build == "avx2" ? Fn(run_avx2) : Fn(run_vnni);
+  if (build == "avxvnni" && !cpu_has_avxvnni()) {
+    printf("type %d M=%ld: no AVX-VNNI on this CPU\n", t, M);
+    return 0;
+  }
+  const Fn kernel = build == "amx" ? run_amx : build == "amx-emulated" ? run_amx_emulated : build == "amx-overhead" ? Fn(run<Null>)
+                  : build == "avx2" ? Fn(run_avx2) : build == "avxvnni" ? Fn(run_avxvnni)
+                  : build == "avxvnni-emulated" ? Fn(run_avxvnni_emulated) : Fn(run_vnni);
   if (build == "amx-emulated") reps = 1;
   std::mt19937 rng(1);
   const int elems = gguf::block_elems(t), bytes = gguf::block_bytes(t);
@@ -67,8 +73,10 @@ int main(int argc, char** argv) {
   if (build != "vnni" && build != "amx-overhead" && build != "avx2") {  // the bits of every output, NaNs from the random scales included
     std::vector<float> yv(M * N);
     PCall cv{&seg, 1, a, yv.data(), M, K, N};
-    run_vnni(cv, 0, 0, groups);
-    same = std::memcmp(y.data(), yv.data(), y.size() * 4) == 0 ? ", vnni's bits" : ", NOT vnni's bits";
+    const bool vnni = cpu_has_vnni();  // else the AVX2 build's (the AVX-VNNI builds on an AVX2-only CPU)
+    (vnni ? Fn(run_vnni) : Fn(run_avx2))(cv, 0, 0, groups);
+    same = std::memcmp(y.data(), yv.data(), y.size() * 4) == 0 ? (vnni ? ", vnni's bits" : ", avx2's bits")
+                                                               : (vnni ? ", NOT vnni's bits" : ", NOT avx2's bits");
   }
   printf("type %d M=%ld K=%ld N=%ld %s: %.3f ms  %.1f GMAC/s%s\n", t, M, K, N, build.c_str(), best * 1e3, macs / best / 1e9,
          same.c_str());

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 SOURCES = ("block_matmul.cpp", "block_matmul_avx512.cpp", "block_matmul_amx.cpp", "gguf_matmul.cpp",
-           "gguf_matmul_avx512.cpp", "q8_matmul.cpp", "q8_matmul_avx2.cpp", "q8_matmul_avx512.cpp", "q8_matmul_amx.cpp",
+           "gguf_matmul_avx512.cpp", "q8_matmul.cpp", "q8_matmul_avx2.cpp", "q8_matmul_avxvnni.cpp",
+           "q8_matmul_avx512.cpp", "q8_matmul_amx.cpp",
            "elementwise.cpp", "attention.cpp", "sampling.cpp", "decoder_layer.cpp")
 _ext = None
 _tried = False

@@ -193,12 +193,16 @@ inline void by_type(int t, F&& f) {
 }
 
 // The builds over groups g0 .. g1-1 of segment i: AVX-512 VNNI (q8_matmul_avx512.cpp), AVX2
-// (q8_matmul_avx2.cpp), AMX-INT8 tiles (q8_matmul_amx.cpp) and the same with the tile unit in software.
+// (q8_matmul_avx2.cpp), AVX-VNNI (q8_matmul_avxvnni.cpp) and the same with VPDPBUSD emulated, AMX-INT8
+// tiles (q8_matmul_amx.cpp) and the same with the tile unit in software.
 void run_vnni(const PCall& c, int seg, int64_t g0, int64_t g1);
 void run_avx2(const PCall& c, int seg, int64_t g0, int64_t g1);
+void run_avxvnni(const PCall& c, int seg, int64_t g0, int64_t g1);
+void run_avxvnni_emulated(const PCall& c, int seg, int64_t g0, int64_t g1);
 void run_amx(const PCall& c, int seg, int64_t g0, int64_t g1);
 void run_amx_emulated(const PCall& c, int seg, int64_t g0, int64_t g1);
 bool cpu_has_vnni();
+bool cpu_has_avxvnni();  // VEX-encoded VPDPBUSD on 256-bit vectors
 bool cpu_has_avx512();    // F, BW, DQ, VL: what the emulated tile build needs
 bool cpu_has_amx_int8();  // AMX-TILE and AMX-INT8, with the OS's leave to use them
 

@@ -3,6 +3,7 @@
 #include "ops.h"
 #include "q8_blocks.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace specserve {
@@ -182,10 +183,13 @@ bool agrees(Run run, const char* name) {
 }
 
 // Which build q8_linear runs; by default the fastest this CPU has:
-//   "amx"   AMX-INT8 tiles for passes of more than AMX_MIN_ROWS rows, VNNI below (unless SPECSERVE_NO_AMX);
-//   "vnni"  AVX-512 VNNI;  "avx2"  AVX2's vpmaddubsw.
-// On request: "reference" (q8_reference), "amx-only" (tiles for every pass) and "amx-emulated" (the tile
-// build with the tile unit in software, every pass: its tests on AVX-512 CPUs without AMX). Every build
+//   "amx"      AMX-INT8 tiles for passes of more than AMX_MIN_ROWS rows, VNNI below (unless SPECSERVE_NO_AMX);
+//   "vnni"     AVX-512 VNNI;  "avxvnni"  AVX-VNNI (256-bit VPDPBUSD);  "avx2"  AVX2's vpmaddubsw.
+// The AMX and AVX-VNNI builds were written without their CPUs: each is the default only once the start-up
+// check (agrees) gave the reference's bits on the CPU at hand.
+// On request: "reference" (q8_reference), "amx-only" (tiles for every pass), "amx-emulated" (the tile
+// build with the tile unit in software, every pass: its tests on AVX-512 CPUs without AMX) and
+// "avxvnni-emulated" (the AVX-VNNI build with VPDPBUSD in AVX2: its tests on any CPU). Every build
 // gives q8_reference's bits, so the choice moves only the speed.
 // The bf16 build's threshold; on a Zen 5 the AMX build's own AVX-512 work breaks even with VNNI near 6
 // rows, the tiles' cost left out (docs/decisions.md#amx-int8: unmeasured on an AMX CPU).
@@ -193,13 +197,16 @@ constexpr int64_t AMX_MIN_ROWS = 8;
 
 std::string& build() {
   static std::string b = cpu_has_amx_int8() && !std::getenv("SPECSERVE_NO_AMX") && agrees(run_amx, "AMX-INT8") ? "amx"
-                         : cpu_has_vnni() ? "vnni" : "avx2";
+                         : cpu_has_vnni()                                       ? "vnni"
+                         : cpu_has_avxvnni() && agrees(run_avxvnni, "AVX-VNNI")   ? "avxvnni"
+                                                                                  : "avx2";
   return b;
 }
 
 bool can_run(const std::string& b) {
-  if (b == "reference" || b == "avx2") return true;
+  if (b == "reference" || b == "avx2" || b == "avxvnni-emulated") return true;
   if (b == "vnni") return cpu_has_vnni();
+  if (b == "avxvnni") return cpu_has_avxvnni();
   if (b == "amx" || b == "amx-only") return cpu_has_amx_int8() && cpu_has_vnni();
   if (b == "amx-emulated") return cpu_has_avx512();
   return false;
@@ -207,6 +214,8 @@ bool can_run(const std::string& b) {
 
 Run runner(const std::string& b, int64_t M) {
   if (b == "avx2") return run_avx2;
+  if (b == "avxvnni") return run_avxvnni;
+  if (b == "avxvnni-emulated") return run_avxvnni_emulated;
   if (b == "amx-emulated") return run_amx_emulated;
   if (b == "amx-only" || (b == "amx" && M > AMX_MIN_ROWS)) return run_amx;
   return run_vnni;
@@ -291,8 +300,10 @@ bool q8_build_agrees(const std::string& want) {
 std::string q8_kernel_build(c10::optional<std::string> want) {
   // a build this CPU cannot run leaves the current one (the caller sees it in the answer)
   if (want) {
-    TORCH_CHECK(*want == "amx" || *want == "vnni" || *want == "avx2" || *want == "reference" || *want == "amx-only" ||
-                *want == "amx-emulated", "q8 builds: amx, vnni, avx2, reference, amx-only, amx-emulated");
+    static const std::vector<std::string> builds = {"amx", "vnni", "avxvnni", "avx2", "reference", "amx-only", "amx-emulated",
+                                                    "avxvnni-emulated"};
+    TORCH_CHECK(std::find(builds.begin(), builds.end(), *want) != builds.end(),
+                "q8 builds: amx, vnni, avxvnni, avx2, reference, amx-only, amx-emulated, avxvnni-emulated");
     if (q8::can_run(*want)) q8::build() = *want;
   }
   return q8::build();

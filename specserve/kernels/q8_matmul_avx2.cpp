@@ -1,239 +1,36 @@
-// The int8-activation build for AVX2 CPUs without AVX-512 VNNI (the AVX2-only EPYCs), over the same
-// packed groups as q8_matmul_avx512.cpp: a group's 16 columns in two halves of 8 (one 32-bit lane
-// each), and VPMADDUBSW + VPMADDWD with ones in place of VPDPBUSD. The integer sums are the same
-// integers, and the float steps per sub-block those of q8_blocks.h in its order, so each output has the
-// bits of q8_reference's.
-//
-// VPMADDUBSW saturates a pair of products at 16 bits: 4-, 5- and 6-bit values (at most 63 x 127 x 2)
-// never reach it; Q8_0's weights are dotted signed instead (|w| against x with w's sign, as llama.cpp),
-// which gives sum w x: the sum the VNNI build reaches as sum (w + 128) x - 128 sum x.
+// The int8-activation build for AVX2 CPUs without VNNI (the AVX2-only EPYCs): VPMADDUBSW's pairs added
+// in 16 bits and widened by VPMADDWD with ones in place of VPDPBUSD (the body: q8_avx2.h). Beside it,
+// the AVX-VNNI build's code with VPDPBUSD emulated exactly, so that build is tested on any AVX2 CPU
+// (q8_matmul_avxvnni.cpp runs the same code with the instruction).
 #include "ops.h"
 #include "q8_blocks.h"
-
-#include <utility>
+#include "q8_avx2.h"
 
 namespace specserve {
 namespace q8 {
 namespace {
 
-constexpr int MAX_TILE_ROWS = 4;  // 16 registers: R 16-bit sums + R outputs + decoded weights and scratch
-
-inline __m256i load_half(const uint8_t* p, int h) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h)); }
-inline __m256 halfs8(const uint8_t* p, int h) {  // 8 fp16 scales: columns 8h .. 8h+7
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * h)));
-}
-inline __m256i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
-template <int R>
-struct Tile {
-  const int8_t* q[R];
-  int64_t r0;
-  __m256 y[R];
+struct Maddubs {  // pairs of products in 16 bits, widened by the caller (widen)
+  static constexpr bool WIDE = false;
+  static __m256i dot(__m256i acc, __m256i u, __m256i s) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, s)); }
 };
 
-// acc[r] += u . q[r][e .. e + 3] as pairs of 16-bit sums (u: unsigned bytes of at most 6 bits). A pair
-// of products cannot saturate (63 x 127 x 2 < 2^15), and each caller adds at most as many pairs into a
-// 16-bit lane as stay below 2^15 (the bound is beside each), so widening them later (widen) gives the
-// same integers as widening each one: one VPMADDWD a sub-block instead of one a vector.
-template <int R>
-inline void dot16(__m256i u, int64_t e, const Tile<R>& tl, __m256i acc[R]) {
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(u, bcast4(tl.q[r] + e)));
-}
-
-// acc[r]'s 16-bit pairs widened and summed per 32-bit lane, in place
-template <int R>
-inline void widen(__m256i acc[R]) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_madd_epi16(acc[r], ones);
-}
-
-// Q8_0's weights are signed: |w| against x with w's sign (VPMADDUBSW takes one unsigned operand), widened
-// every vector (a pair reaches 128 x 127 x 2).
-template <int R>
-inline void dot_signed(__m256i w, int64_t e, const Tile<R>& tl, __m256i isum[R]) {
-  const __m256i ones = _mm256_set1_epi16(1), a = _mm256_sign_epi8(w, w);
-  for (int r = 0; r < R; ++r) {
-    const __m256i x = _mm256_sign_epi8(bcast4(tl.q[r] + e), w);
-    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), ones));
+// VPDPBUSD's integers without it: u's bytes and s's signed bytes widened to 16 bits, even and odd bytes
+// apart, and VPMADDWD's pair sums (exact: at most 2 x 255 x 128) added into the 32-bit lane.
+struct VnniEmulated {
+  static constexpr bool WIDE = true;
+  static __m256i dot(__m256i acc, __m256i u, __m256i s) {
+    const __m256i even = _mm256_madd_epi16(_mm256_and_si256(u, _mm256_set1_epi16(0x00FF)),
+                                           _mm256_srai_epi16(_mm256_slli_epi16(s, 8), 8));
+    const __m256i odd = _mm256_madd_epi16(_mm256_srli_epi16(u, 8), _mm256_srai_epi16(s, 8));
+    return _mm256_add_epi32(acc, _mm256_add_epi32(even, odd));
   }
-}
-
-template <int R, int G, int OFF, bool MIN>
-inline void finish(const __m256i isum[R], int64_t e0, __m256 ws, __m256 wm, const Acts& a, Tile<R>& tl) {
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = tl.r0 + r;
-    __m256i s = isum[r];
-    if constexpr (OFF != 0) {
-      const int32_t* s16 = a.sr(row) + e0 / 16;
-      s = _mm256_sub_epi32(s, _mm256_set1_epi32(OFF * (G == 32 ? s16[0] + s16[1] : s16[0])));
-    }
-    tl.y[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(ws, _mm256_set1_ps(a.dr(row)[e0 / 32])), tl.y[r]);
-    if constexpr (MIN) tl.y[r] = _mm256_fmadd_ps(wm, _mm256_set1_ps(a.xsr(row)[e0 / 32]), tl.y[r]);
-  }
-}
-
-template <int R>
-inline void zero(__m256i v[R]) {
-  for (int r = 0; r < R; ++r) v[r] = _mm256_setzero_si256();
-}
-
-// byte S % 4 of each 32-bit lane of v, as floats
-template <int S>
-inline __m256 byte_ps(__m256i v) {
-  return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8 * (S % 4)), _mm256_set1_epi32(0xFF)));
-}
-
-// Q4_K sub-block S (32 values: the low nibbles of vectors 8 (S / 2) .. +7 for even S, the high ones for
-// odd S; 8 pairs a lane, at most 8 x 15 x 127 x 2 < 2^15), then its float steps.
-template <int S, int R>
-inline void q4k_sub(const uint8_t* qs, int h, int64_t e, __m256 d, __m256 dmin, const __m256i sc[2], const __m256i mn[2],
-                    const Acts& a, Tile<R>& tl) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256i acc[R];
-  zero<R>(acc);
-#pragma GCC unroll 8
-  for (int k = 0; k < 8; ++k) {
-    const __m256i v = load_half(qs + 64 * (8 * (S / 2) + k), h);
-    dot16<R>(_mm256_and_si256(S % 2 ? _mm256_srli_epi16(v, 4) : v, low4), e + 32 * S + 4 * k, tl, acc);
-  }
-  widen<R>(acc);
-  const __m256 ws = _mm256_mul_ps(d, byte_ps<S>(sc[S / 4]));
-  const __m256 wm = _mm256_xor_ps(_mm256_mul_ps(dmin, byte_ps<S>(mn[S / 4])), _mm256_set1_ps(-0.0f));
-  finish<R, 32, 0, true>(acc, e + 32 * S, ws, wm, a, tl);
-}
-
-template <int R, int... S>
-inline void q4k_subs(std::integer_sequence<int, S...>, const uint8_t* qs, int h, int64_t e, __m256 d, __m256 dmin,
-                     const __m256i sc[2], const __m256i mn[2], const Acts& a, Tile<R>& tl) {
-  (q4k_sub<S, R>(qs, h, e, d, dmin, sc, mn, a, tl), ...);
-}
-
-// One packed block, columns 8h .. 8h+7 of its group (the layout: q8_matmul.cpp's pack_block).
-template <int T, int R>
-inline void block(const uint8_t* p, int h, int64_t e, const Acts& a, Tile<R>& tl) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256i isum[R];
-  if constexpr (T == Q4_K) {
-    const __m256 d = halfs8(p, h), dmin = halfs8(p + 32, h);
-    const __m256i w0 = load_half(p + 64, h), w1 = load_half(p + 128, h), w2 = load_half(p + 192, h);
-    const __m256i m1 = _mm256_set1_epi32(0x3f3f3f3f), m2 = _mm256_set1_epi32(0x0f0f0f0f), m3 = _mm256_set1_epi32(0x03030303);
-    const __m256i sc[2] = {_mm256_and_si256(w0, m1),
-                           _mm256_or_si256(_mm256_and_si256(w2, m2), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w0, 6), m3), 4))};
-    const __m256i mn[2] = {_mm256_and_si256(w1, m1),
-                           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), m2),
-                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), m3), 4))};
-    q4k_subs<R>(std::make_integer_sequence<int, 8>{}, p + 256, h, e, d, dmin, sc, mn, a, tl);
-  } else if constexpr (T == Q6_K) {
-    // 16 sub-blocks of 16 values (4 vectors), decoded once, then dotted row by row; a lane takes two pairs
-    // of products before widening (2 x 2 x 63 x 127 < 2^15)
-    const __m256 d = halfs8(p, h);
-    const uint8_t* sc = p + 32;
-    const uint8_t* lo = p + 32 + 256;
-    const uint8_t* hb = lo + 32 * 64;
-    const __m256i top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
-    for (int s = 0; s < 16; ++s) {
-      const __m256i l0 = load_half(lo + 128 * s, h), l1 = load_half(lo + 128 * s + 64, h), hv = load_half(hb + 64 * s, h);
-      const __m256i u[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(hv, 4), top)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(_mm256_slli_epi16(hv, 2), top)),
-          _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(hv, top)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(hv, 2), top))};
-      const int64_t e0 = e + 16 * s;
-      for (int r = 0; r < R; ++r) {
-        const int8_t* q = tl.q[r] + e0;
-        const __m256i a01 = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)), _mm256_maddubs_epi16(u[1], bcast4(q + 4)));
-        const __m256i a23 = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)), _mm256_maddubs_epi16(u[3], bcast4(q + 12)));
-        isum[r] = _mm256_add_epi32(_mm256_madd_epi16(a01, ones), _mm256_madd_epi16(a23, ones));
-      }
-      int64_t s8;
-      std::memcpy(&s8, sc + 16 * s + 8 * h, 8);
-      const __m256 ws = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(s8))));
-      finish<R, 16, 32, false>(isum, e0, ws, ws, a, tl);
-    }
-  } else if constexpr (T == Q8_0) {
-    zero<R>(isum);
-    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-    for (int k = 0; k < 8; ++k) dot_signed<R>(_mm256_xor_si256(load_half(p + 32 + 64 * k, h), flip), e + 4 * k, tl, isum);
-    finish<R, 32, 0, false>(isum, e, halfs8(p, h), halfs8(p, h), a, tl);  // sum w x already: no offset
-  } else {  // Q4_0 / Q4_1 / Q5_0 / Q5_1: 8 vectors a block, widened every 4 (4 x 31 x 127 x 2 < 2^15)
-    constexpr bool five = T == Q5_0 || T == Q5_1, mn = T == Q4_1 || T == Q5_1;
-    const __m256 ws = halfs8(p, h), wm = mn ? halfs8(p + 32, h) : ws;
-    const uint8_t* masks = p + (mn ? 64 : 32);
-    const uint8_t* v = masks + (five ? 64 : 0);
-    const __m256i sixteen = _mm256_set1_epi8(0x10);
-    __m256i acc[R];
-#pragma GCC unroll 2
-    for (int g = 0; g < 2; ++g) {  // the low nibbles (elements 4k..), then the high ones (16 + 4k..)
-      zero<R>(acc);
-#pragma GCC unroll 4
-      for (int k = 0; k < 4; ++k) {
-        const __m256i x = load_half(v + 64 * k, h);
-        __m256i u = _mm256_and_si256(g ? _mm256_srli_epi16(x, 4) : x, low4);
-        if constexpr (five) {
-          uint32_t m;
-          std::memcpy(&m, masks + 8 * (k + 4 * g) + 4 * h, 4);
-          u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes(m), sixteen));
-        }
-        dot16<R>(u, e + 16 * g + 4 * k, tl, acc);
-      }
-      widen<R>(acc);
-      for (int r = 0; r < R; ++r) isum[r] = g ? _mm256_add_epi32(isum[r], acc[r]) : acc[r];
-    }
-    finish<R, 32, offset(T), mn>(isum, e, ws, wm, a, tl);
-  }
-}
-
-template <int T, int R>
-void half_group(const PCall& c, const PSeg& s, int64_t g, int h, int64_t r0) {
-  const int elems = block_elems(T), pbytes = LANES * block_bytes(T);
-  const int64_t nb = c.K / elems;
-  const uint8_t* p = s.data + g * nb * pbytes;
-  Tile<R> tl;
-  tl.r0 = r0;
-  for (int r = 0; r < R; ++r) {
-    tl.q[r] = c.a.qr(r0 + r);
-    tl.y[r] = _mm256_setzero_ps();
-  }
-  for (int64_t b = 0; b < nb; ++b) {
-    if (h == 0 && r0 == 0) {  // the first pass over the group streams it in: 4 KB ahead (as the VNNI build)
-      const uint8_t* ahead = p + b * pbytes + 4096;
-      for (int off = 0; off < pbytes; off += 64) asm volatile("prefetcht0 %0" : : "m"(ahead[off]));
-    }
-    block<T, R>(p + b * pbytes, h, b * elems, c.a, tl);
-  }
-  const int64_t col = s.first + g * LANES + 8 * h, valid = std::min<int64_t>(8, s.rows - g * LANES - 8 * h);
-  if (valid <= 0) return;
-  alignas(32) float out[8];
-  for (int r = 0; r < R; ++r) {
-    _mm256_store_ps(out, tl.y[r]);
-    std::memcpy(c.y + (r0 + r) * c.N + col, out, valid * sizeof(float));
-  }
-}
-
-template <int T>
-void run_type(const PCall& c, const PSeg& s, int64_t g0, int64_t g1) {
-  for (int64_t g = g0; g < g1; ++g)
-    for (int h = 0; h < 2; ++h)
-      for (int64_t r0 = 0; r0 < c.M; r0 += MAX_TILE_ROWS) {
-        switch (std::min<int64_t>(MAX_TILE_ROWS, c.M - r0)) {
-          case 1: half_group<T, 1>(c, s, g, h, r0); break;
-          case 2: half_group<T, 2>(c, s, g, h, r0); break;
-          case 3: half_group<T, 3>(c, s, g, h, r0); break;
-          default: half_group<T, 4>(c, s, g, h, r0); break;
-        }
-      }
-}
+};
 
 }  // namespace
 
-void run_avx2(const PCall& c, int seg, int64_t g0, int64_t g1) {
-  const PSeg& s = c.segs[seg];
-  by_type(s.type, [&](auto t) { run_type<decltype(t)::value>(c, s, g0, g1); });
-}
+void run_avx2(const PCall& c, int seg, int64_t g0, int64_t g1) { run<Maddubs>(c, seg, g0, g1); }
+void run_avxvnni_emulated(const PCall& c, int seg, int64_t g0, int64_t g1) { run<VnniEmulated>(c, seg, g0, g1); }
 
 }  // namespace q8
 }  // namespace specserve

@@ -1,6 +1,6 @@
 """Int8 activations (q8_matmul.cpp, issue 37) on random blocks of every GGUF type, at the widths real
-models have: every build (AVX2, VNNI, AMX-INT8 tiles, and the tile build with the tile unit emulated in
-software) gives the bits of the plain reference of the same quantisation; they stay within the
+models have: every build (AVX2, AVX-512 VNNI, AVX-VNNI, AMX-INT8 tiles, and the AVX-VNNI and tile builds
+with VPDPBUSD and the tile unit emulated in software) gives the bits of the plain reference of the same quantisation; they stay within the
 quantisation's own error bound of the dense fp32 product; a row's bits do not depend on the rows beside
 it; stacked segments equal their parts."""
 import os
@@ -23,8 +23,10 @@ TYPES = list(kernels.GGUF_TYPES)
 
 # "amx-only" runs the tiles for every row count ("amx", the default on AMX CPUs, sends passes of a few
 # rows to VNNI); "amx-emulated" is the same code with the tile unit in software, so the tile build's
-# unpacking, tile shapes and scaling are checked on every AVX-512 CPU, AMX or not.
-BUILDS = {"avx2": "", "vnni": "AVX-512 VNNI", "amx-only": "AMX-INT8 tiles", "amx-emulated": "AVX-512"}
+# unpacking, tile shapes and scaling are checked on every AVX-512 CPU, AMX or not. "avxvnni-emulated" is
+# the AVX-VNNI build's code with VPDPBUSD in AVX2, checked on every CPU; "avxvnni" needs the instruction.
+BUILDS = {"avx2": "", "vnni": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avxvnni-emulated": "",
+          "amx-only": "AMX-INT8 tiles", "amx-emulated": "AVX-512"}
 
 
 @pytest.fixture(params=list(BUILDS))
@@ -127,7 +129,8 @@ def cpu_flags() -> set[str]:
 
 def test_the_default_build_is_the_fastest_this_cpu_has():
     """Without a choice made, q8_linear runs AMX tiles where the CPU has AMX-INT8 (passes of a few rows
-    go to VNNI) unless SPECSERVE_NO_AMX is set, else VNNI, else AVX2; builds a CPU lacks are refused, leaving the build as it was."""
+    go to VNNI) unless SPECSERVE_NO_AMX is set, else AVX-512 VNNI, else AVX-VNNI, else AVX2; builds a CPU
+    lacks are refused, leaving the build as it was."""
     ext, flags = kernels.ext(), cpu_flags()
     default = ext.q8_kernel_build()  # the fixture-free tests run before any switch, or it was restored
     if {"amx_tile", "amx_int8"} <= flags and not os.environ.get("SPECSERVE_NO_AMX"):
@@ -135,9 +138,13 @@ def test_the_default_build_is_the_fastest_this_cpu_has():
             pytest.skip("the CPU lists AMX-INT8 but the OS did not give its tiles (arch_prctl)")
         expected = "amx"
     else:
-        expected = "vnni" if "avx512_vnni" in flags else "avx2"
+        expected = "vnni" if "avx512_vnni" in flags else "avxvnni" if "avx_vnni" in flags else "avx2"
     assert default == expected
     try:
+        assert (ext.q8_kernel_build("avxvnni") == "avxvnni") == ("avx_vnni" in flags)
+        ext.q8_kernel_build(default)
+        assert ext.q8_kernel_build("avxvnni-emulated") == "avxvnni-emulated"
+        ext.q8_kernel_build(default)
         assert (ext.q8_kernel_build("amx-emulated") == "amx-emulated") == ({"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags)
         ext.q8_kernel_build(default)
         if not os.environ.get("SPECSERVE_NO_AMX"):  # (which sets only the default: amx-only may still be asked for)
