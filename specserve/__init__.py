@@ -21,11 +21,11 @@ def __getattr__(name):
     if name == "AsyncLLM":
         from .engine.async_llm import AsyncLLM
         return AsyncLLM
-    if name in ("system_info", "format_system_info", "summary_line"):
+    if name in ("system_info", "format_system_info", "summary_line", "speed_hint"):
         from . import sysinfo
         return getattr(sysinfo, name)
     raise AttributeError(name)
 
 
 __all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StreamDelta", "system_info",
-           "format_system_info", "summary_line"]
+           "format_system_info", "summary_line", "speed_hint"]

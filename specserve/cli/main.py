@@ -135,6 +135,9 @@ def cmd_generate(args) -> int:
     tpot = f"{m['per_token_latency'] * 1e3:.1f} ms/token" if m["per_token_latency"] is not None else "-"
     print(f"[{n_tokens} tokens in {wall:.2f} s: time to first token {ttft}, decode {tpot}, "
           f"{n_tokens / wall:.1f} tokens/s; model loaded in {llm.engine.load_time:.1f} s]", file=sys.stderr)
+    from ..sysinfo import speed_hint, system_info
+    if hint := speed_hint(system_info(), llm.config.model.device, llm.engine.weight_kernel):
+        print(f"[{hint}]", file=sys.stderr)
     st = llm.spec_stats()
     if st is not None:
         rate = "-" if st["acceptance_rate"] is None else f"{st['acceptance_rate']:.2f}"

@@ -38,8 +38,11 @@ def cmd_serve(args, llm_kwargs: dict) -> int:
         if llm.cache_tokens < llm.max_model_len:  # what a request without max_tokens can get
             what += (f" (its KV cache holds {llm.cache_tokens} tokens of the {llm.max_model_len}-token context: "
                      f"--kv-cache-gib for more)")
-        from .. import summary_line, system_info
-        print(f"specserve: {summary_line(system_info())}", file=sys.stderr, flush=True)  # what a bug report needs first
+        from .. import speed_hint, summary_line, system_info
+        info = system_info()
+        print(f"specserve: {summary_line(info)}", file=sys.stderr, flush=True)  # what a bug report needs first
+        if hint := speed_hint(info, llm.config.model.device, llm.engine.weight_kernel):
+            print(f"specserve: {hint}", file=sys.stderr, flush=True)
     try:
         app = build_app(llm, cfg)
         print(f"specserve: serving {what} on {url(cfg.host, port)}/v1 (metrics on /metrics)", file=sys.stderr, flush=True)

@@ -73,6 +73,7 @@ class LLMEngine:
                                  max_len=self.max_model_len, activations=mc.activations)
         del weights
         self.load_time = time.perf_counter() - t0
+        self.weight_kernel = self.model.layers[0].gate_up.kernel  # the MLP's product: most of a step's weights
 
         self.kv = KVCache(self.arch.num_hidden_layers, num_blocks, cc.block_size, self.arch.num_key_value_heads,
                           self.arch.head_dim, self.dtype, self.device)

@@ -60,6 +60,14 @@ class Linear:
         """The dense [out, in] weight (the copy Linear keeps, or one dequantised now)."""
         return self.dense if self.dense is not None else self.block.dequantize()
 
+    @property
+    def kernel(self) -> str:
+        """What runs this product: "int8" (q8_matmul.cpp), "gguf" (GGUF blocks in place, gguf_matmul.cpp),
+        "blocks" (regrouped Q4_0 / Q4_1, block_matmul.cpp) or "dense" (torch)."""
+        if self.block is None:
+            return "dense"
+        return {kernels.Int8Weight: "int8", kernels.GgufWeight: "gguf"}.get(type(self.block), "blocks")
+
 
 def _fused(x: torch.Tensor) -> bool:
     """The fused C++ element-wise ops cover flat [T, n] fp32 CPU tensors outside autograd; everything

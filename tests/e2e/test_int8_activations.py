@@ -29,6 +29,7 @@ def test_every_product_runs_on_the_int8_kernels(int8_llm):
     model = int8_llm.engine.model
     lins = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.lm_head]
     assert all(isinstance(lin.block, kernels.Int8Weight) and lin.dense is None for lin in lins)
+    assert all(lin.kernel == "int8" for lin in lins) and int8_llm.engine.weight_kernel == "int8"
 
 
 @pytest.mark.parametrize("spec", [dict(method="draft", policy="bass"),

@@ -48,6 +48,7 @@ def test_kernels_read_the_file_in_place(pair):
     blocks = [lin.block for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     assert all(b is not None and b.raws for b in blocks) and model.lm_head.block is not None
     assert all(lin.dense is None for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    assert llm.engine.weight_kernel == "gguf"  # what `serve` and `generate` read for their speed hint
 
 
 def test_greedy_matches_hf(pair):

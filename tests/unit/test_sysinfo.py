@@ -61,3 +61,17 @@ def test_the_summary_line_names_the_cpu_and_the_builds():
     k = info["kernels"]
     if k["available"]:
         assert f"int8 {k['int8 activations (--activations int8)']}" in line
+
+
+def test_the_speed_hint_names_int8_only_where_fp32_decodes_gguf_blocks_without_avx512():
+    """On CPUs without AVX-512 the fp32 mode decodes GGUF blocks at half llama.cpp's speed
+    (docs/decisions.md#fp32-avx2-q4k): serve and generate say --activations int8 there, and nowhere else."""
+    def info(available=True, fp32="avx2"):
+        return {"kernels": {"available": available, "fp32 activations": fp32} if available else {"available": False}}
+    hint = specserve.speed_hint(info(), "cpu", "gguf")
+    assert hint and "--activations int8" in hint
+    assert specserve.speed_hint(info(fp32="avx512"), "cpu", "gguf") is None
+    assert specserve.speed_hint(info(available=False), "cpu", "gguf") is None
+    assert specserve.speed_hint(info(), "cuda", "gguf") is None
+    for kernel in ("int8", "blocks", "dense"):
+        assert specserve.speed_hint(info(), "cpu", kernel) is None
