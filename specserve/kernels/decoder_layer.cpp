@@ -84,7 +84,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q8_linear", &q8_linear, "y = x @ W^T with x quantised to 8 bits per 32 values (Int8Weight parts)");
   m.def("q8_reference", &q8_reference, "q8_linear's formula, plainly, over the file's own blocks");
   m.def("q8_build_agrees", &q8_build_agrees, "whether a q8 build gives the reference's bits here (the AMX build's start-up check)");
-  m.def("q8_kernel_build", &q8_kernel_build, "q8_linear's build (amx, vnni, avxvnni, avx2, reference, amx-only, amx-emulated, avxvnni-emulated); pass a name to switch",
+  m.def("q8_kernel_build", &q8_kernel_build, "q8_linear's build (q8_matmul.cpp lists them); pass a name to switch",
         py::arg("want") = py::none());
   m.def("block_linear", &block_linear, "a blocked weight's product on the build that suits the pass");
   m.def("rms_norm", &rms_norm, "(x += residual); w * x / rms(x)");

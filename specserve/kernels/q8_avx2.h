@@ -13,13 +13,13 @@
 // which gives sum w x: the sum the VNNI build reaches as sum (w + 128) x - 128 sum x.
 #pragma once
 
-#include <utility>
+#include <utility>  // q8_matmul_avxvnni.cpp includes it first, before its target pragma
 
 namespace specserve {
 namespace q8 {
 namespace {
 
-constexpr int MAX_TILE_ROWS = 4;  // 16 registers: R 16-bit sums + R outputs + decoded weights and scratch
+constexpr int MAX_TILE_ROWS = 4;  // 16 registers: R integer sums + R outputs + decoded weights and scratch
 
 inline __m256i load_half(const uint8_t* p, int h) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h)); }
 inline __m256 halfs8(const uint8_t* p, int h) {  // 8 fp16 scales: columns 8h .. 8h+7

@@ -302,8 +302,11 @@ std::string q8_kernel_build(c10::optional<std::string> want) {
   if (want) {
     static const std::vector<std::string> builds = {"amx", "vnni", "avxvnni", "avx2", "reference", "amx-only", "amx-emulated",
                                                     "avxvnni-emulated"};
-    TORCH_CHECK(std::find(builds.begin(), builds.end(), *want) != builds.end(),
-                "q8 builds: amx, vnni, avxvnni, avx2, reference, amx-only, amx-emulated, avxvnni-emulated");
+    if (std::find(builds.begin(), builds.end(), *want) == builds.end()) {
+      std::string names;
+      for (const auto& b : builds) names += (names.empty() ? "" : ", ") + b;
+      TORCH_CHECK(false, "q8 builds: ", names);
+    }
     if (q8::can_run(*want)) q8::build() = *want;
   }
   return q8::build();

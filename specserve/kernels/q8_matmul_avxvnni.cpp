@@ -8,6 +8,8 @@
 #include "ops.h"
 #include "q8_blocks.h"
 
+#include <utility>  // before the pragma: no standard inline function is declared for avxvnni
+
 #pragma GCC push_options
 #pragma GCC target("avxvnni")
 
