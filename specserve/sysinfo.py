@@ -89,10 +89,12 @@ def speed_hint(info: dict, device: str, weight_kernel: str) -> str | None:
     llama.cpp's speed on the 1.5B Q4_K_M (0.54x), where the int8 mode matched it (0.99x;
     docs/decisions.md#fp32-avx2-q4k, #q8-avx2)."""
     k = info["kernels"]
-    if device != "cpu" or weight_kernel != "gguf" or not k["available"] or k["fp32 activations"] != "avx2":
+    if device.split(":")[0] != "cpu" or weight_kernel != "gguf" or not k["available"] or k["fp32 activations"] != "avx2":
         return None
-    return ("this CPU has no AVX-512: with fp32 activations (exact, the default) GGUF blocks decode slower than "
-            "llama.cpp here (Qwen2.5-Coder-1.5B Q4_K_M: 0.54x); --activations int8 (8-bit, as llama.cpp) matched it (0.99x)")
+    why = ("SPECSERVE_NO_AVX512 is set" if "avx512f" in info.get("cpu", {}).get("flags", ())
+           else "this CPU has no AVX-512")
+    return (f"{why}: with fp32 activations (exact, the default) GGUF blocks decode slower than llama.cpp here "
+            "(Qwen2.5-Coder-1.5B Q4_K_M: 0.54x); --activations int8 (8-bit, as llama.cpp) matched it (0.99x)")
 
 
 def format_system_info(info: dict) -> str:

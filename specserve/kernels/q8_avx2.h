@@ -61,11 +61,11 @@ inline void widen(__m256i acc[R]) {
 // with VPMADDUBSW widened every vector (a pair reaches 128 x 127 x 2).
 template <class D, int R>
 inline void dot_signed(__m256i w, int64_t e, const Tile<R>& tl, __m256i isum[R]) {
-  const __m256i ones = _mm256_set1_epi16(1), a = _mm256_sign_epi8(w, w);
+  const __m256i a = _mm256_sign_epi8(w, w);
   for (int r = 0; r < R; ++r) {
     const __m256i x = _mm256_sign_epi8(bcast4(tl.q[r] + e), w);
     if constexpr (D::WIDE) isum[r] = D::dot(isum[r], a, x);
-    else isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), ones));
+    else isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), _mm256_set1_epi16(1)));
   }
 }
 
@@ -141,7 +141,7 @@ inline void block(const uint8_t* p, int h, int64_t e, const Acts& a, Tile<R>& tl
     const uint8_t* sc = p + 32;
     const uint8_t* lo = p + 32 + 256;
     const uint8_t* hb = lo + 32 * 64;
-    const __m256i top = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    const __m256i top = _mm256_set1_epi8(0x30);
     for (int s = 0; s < 16; ++s) {
       const __m256i l0 = load_half(lo + 128 * s, h), l1 = load_half(lo + 128 * s + 64, h), hv = load_half(hb + 64 * s, h);
       const __m256i u[4] = {
@@ -158,6 +158,7 @@ inline void block(const uint8_t* p, int h, int64_t e, const Acts& a, Tile<R>& tl
         } else {
           const __m256i a01 = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], bcast4(q)), _mm256_maddubs_epi16(u[1], bcast4(q + 4)));
           const __m256i a23 = _mm256_add_epi16(_mm256_maddubs_epi16(u[2], bcast4(q + 8)), _mm256_maddubs_epi16(u[3], bcast4(q + 12)));
+          const __m256i ones = _mm256_set1_epi16(1);
           isum[r] = _mm256_add_epi32(_mm256_madd_epi16(a01, ones), _mm256_madd_epi16(a23, ones));
         }
       }
