@@ -81,11 +81,11 @@ class ModelReplicas:
         self._keys = itertools.count()
         self._running: dict[str, ReplicaState] = {}  # request id -> the replica holding it
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        return prompt_token_ids(self.tokenizer, prompt)
+    def encode(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
+        return prompt_token_ids(self.tokenizer, prompt, add_special_tokens)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        return chat_token_ids(self.tokenizer, messages)
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        return chat_token_ids(self.tokenizer, messages, add_generation_prompt)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """ValueError (one line) if the request cannot be served: asked of a live replica (every replica

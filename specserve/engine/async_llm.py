@@ -101,14 +101,14 @@ class AsyncLLM:
         self._thread.start()
 
     # --- callers' side ------------------------------------------------------------------------
-    def encode(self, prompt: Prompt) -> list[int]:
+    def encode(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
         """A prompt's token ids (a TypeError for anything but a string or a list of ints). Holds the GIL
         only briefly (the tokenizer releases it), so a server can run it in a thread for long prompts."""
-        return prompt_token_ids(self.tokenizer, prompt)
+        return prompt_token_ids(self.tokenizer, prompt, add_special_tokens)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """A conversation ([{"role", "content"}]) through the model's chat template, as LLM.chat does."""
-        return chat_token_ids(self.tokenizer, messages)
+        return chat_token_ids(self.tokenizer, messages, add_generation_prompt)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """ValueError (one line) if the request cannot be served; reads only fixed engine settings."""

@@ -15,11 +15,12 @@ from .nbest import pick
 Prompt = Union[str, list[int]]
 
 
-def prompt_token_ids(tokenizer, prompt) -> list[int]:
-    """A prompt's token ids: a string is tokenised, a list (or tuple) of integers taken as they are;
-    anything else is a TypeError (bytes would otherwise read as token ids, None as nothing)."""
+def prompt_token_ids(tokenizer, prompt, add_special_tokens: bool = True) -> list[int]:
+    """A prompt's token ids: a string is tokenised (with the model's BOS where it adds one, unless
+    add_special_tokens is False), a list (or tuple) of integers taken as they are; anything else is a
+    TypeError (bytes would otherwise read as token ids, None as nothing)."""
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
+        return tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
     if isinstance(prompt, (list, tuple)) and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
         return list(prompt)
     what = type(prompt).__name__ if not isinstance(prompt, (list, tuple)) else \
@@ -27,11 +28,11 @@ def prompt_token_ids(tokenizer, prompt) -> list[int]:
     raise TypeError(f"a prompt must be a string or a list of token ids (integers), got {what}")
 
 
-def chat_token_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """A conversation ([{"role", "content"}]) through the tokenizer's chat template (a ValueError in one
-    line where the template refuses it)."""
+def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """A conversation ([{"role", "content"}]) through the tokenizer's chat template, the assistant's turn
+    opened unless add_generation_prompt is False (a ValueError in one line where the template refuses it)."""
     try:
-        text = tokenizer.apply_chat_template(messages)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
     except Exception as e:  # the template's own raise_exception (roles out of order, ...)
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"the chat template refused the messages: {why}") from None

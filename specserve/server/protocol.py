@@ -210,6 +210,32 @@ class ChatCompletionRequest(_Common):
         return super().sampling_params(default_max_tokens, logprobs)
 
 
+class TokenizeRequest(BaseModel):
+    """/tokenize (vLLM's): a prompt, or a conversation rendered by the model's chat template, as the
+    token ids the generating endpoints would feed the model."""
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = Field(default=None, min_length=1)
+    add_special_tokens: bool = True  # a prompt's BOS where the model adds one (a conversation's come from its template)
+    add_generation_prompt: bool = True  # the assistant's turn opened, as /v1/chat/completions does
+    return_token_strs: bool = False
+
+    def unsupported(self) -> Optional[tuple[str, str]]:
+        if (self.prompt is None) == (self.messages is None):
+            return "give either prompt or messages", "prompt" if self.prompt is None else "messages"
+        return None
+
+
+class DetokenizeRequest(BaseModel):
+    """/detokenize (vLLM's): token ids back to text, special tokens kept."""
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None
+    tokens: list[int]
+
+
 def error_body(message: str, type_: str, code: Optional[Union[int, str]] = None, param: Optional[str] = None) -> dict:
     """OpenAI's error object."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -142,6 +142,38 @@ def test_top_logprobs_are_the_models(server, client, embedded_llm):
     assert all(c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob for c in content)
 
 
+def test_tokenize_counts_what_generation_feeds_the_model_and_detokenize_inverts_it(server, client, embedded_llm):
+    m, tok = server["model"], embedded_llm.tokenizer
+    for prompt in PROMPTS:
+        status, body = raw(server, "POST", "/tokenize", {"model": m, "prompt": prompt, "return_token_strs": True})
+        out = json.loads(body)
+        assert status == 200 and out["tokens"] == tok.encode(prompt) and out["count"] == len(out["tokens"])
+        assert out["max_model_len"] == server["llm"].max_model_len
+        assert out["token_strs"] == [tok.decode([t], skip_special_tokens=False) for t in out["tokens"]]
+        used = client.completions.create(model=m, prompt=prompt, max_tokens=1, temperature=0).usage.prompt_tokens
+        assert out["count"] == used
+        bare = json.loads(raw(server, "POST", "/tokenize", {"prompt": prompt, "add_special_tokens": False})[1])["tokens"]
+        assert bare == tok.encode(prompt, add_special_tokens=False)
+        status, body = raw(server, "POST", "/detokenize", {"model": m, "tokens": bare})
+        assert status == 200 and json.loads(body) == {"prompt": prompt}
+    conv = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = json.loads(raw(server, "POST", "/tokenize", {"messages": conv})[1])
+    used = client.chat.completions.create(model=m, messages=conv, max_tokens=1, temperature=0).usage.prompt_tokens
+    assert chat["count"] == used
+    # without the assistant's turn opened: the same conversation, shorter by the generation prompt
+    closed = json.loads(raw(server, "POST", "/tokenize", {"messages": conv, "add_generation_prompt": False})[1])["tokens"]
+    assert len(closed) < chat["count"] and chat["tokens"][:len(closed)] == closed
+    # special tokens come back as text: the template's markers are what the model saw
+    text = json.loads(raw(server, "POST", "/detokenize", {"tokens": chat["tokens"]})[1])["prompt"]
+    assert text == tok.decode(chat["tokens"], skip_special_tokens=False) and tok.special_tokens["eos_token"] in text
+    for body, path, want in [({"prompt": "x", "messages": conv}, "/tokenize", 400), ({}, "/tokenize", 400),
+                             ({"prompt": "x", "model": "gpt-9"}, "/tokenize", 404),
+                             ({"tokens": [tok.vocab_size]}, "/detokenize", 400), ({"tokens": [-1]}, "/detokenize", 400),
+                             ({"tokens": [1], "model": "gpt-9"}, "/detokenize", 404)]:
+        status, payload = raw(server, "POST", path, body)
+        assert status == want and json.loads(payload)["error"]["code"] == want, (body, payload)
+
+
 @pytest.mark.parametrize("case", ["no key", "bad json", "unknown model", "n too big", "prompt too long", "bad temperature",
                                   "body too big", "unknown route", "empty messages", "penalty", "bad schema",
                                   "bad response_format", "streamed best_of", "best_of too big", "best_of below n"])
@@ -284,7 +316,7 @@ st = hypothesis.strategies
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False) | st.text(max_size=8),
                            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=6)
 FIELDS = ["prompt", "messages", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream", "logprobs",
-          "top_logprobs", "stream_options", "ignore_eos", "echo", "best_of", "model"]
+          "top_logprobs", "stream_options", "ignore_eos", "echo", "best_of", "model", "tokens", "add_special_tokens"]
 # lengths stay short (a fuzzed 2**40 would be a valid, hours-long request, not a malformed one)
 lengths = st.one_of(st.integers(-3, 6), st.floats(-2, 6), st.text(max_size=3), st.booleans(), st.lists(st.integers(), max_size=2))
 bodies = st.fixed_dictionaries({}, optional={**{f: json_values for f in FIELDS}, "max_tokens": lengths,
@@ -293,7 +325,7 @@ bodies = st.fixed_dictionaries({}, optional={**{f: json_values for f in FIELDS},
 
 @hypothesis.settings(max_examples=60, deadline=None, derandomize=True,
                      suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture, hypothesis.HealthCheck.too_slow])
-@hypothesis.given(body=bodies, path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+@hypothesis.given(body=bodies, path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]),
                   base=st.sampled_from([{"max_tokens": 3}, {"prompt": "hi", "max_tokens": 3},
                                         {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}]))
 def test_fuzzed_bodies_never_get_a_5xx(server, body, path, base):
