@@ -151,9 +151,10 @@ class LLM:
 
     def chat(self, messages: Union[list[dict], Sequence[list[dict]]], params: Optional[SamplingParams] = None,
              **kwargs) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation (a list of {"role", "content"}) and generate."""
+        """Apply the model's chat template to each conversation (a list of {"role", "content"}) and generate
+        (a ValueError in one line where the template refuses one)."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [self.tokenizer.encode(self.tokenizer.apply_chat_template(c), add_special_tokens=False) for c in convs]
+        prompts = [chat_token_ids(self.tokenizer, c) for c in convs]
         return self.generate(prompts, params, **kwargs)
 
     @staticmethod
