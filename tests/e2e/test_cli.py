@@ -20,6 +20,47 @@ def test_n_samples_print_each():
     assert "--- sample 0 ---" in r.stdout and "--- sample 1 ---" in r.stdout
 
 
+def test_chat_holds_the_conversation_as_llm_chat_would(embedded_llm):
+    """Each answer is LLM.chat's over the conversation so far (greedy); /clear, a block of several lines
+    and /system change the conversation as they say; later turns' prompts come from the prefix cache."""
+    from specserve import SamplingParams
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    q1, q2 = "What is the capital of France?", "And of Italy?"
+    a1 = embedded_llm.chat([{"role": "user", "content": q1}], greedy)[0].outputs[0].text
+    a2 = embedded_llm.chat([{"role": "user", "content": q1}, {"role": "assistant", "content": a1},
+                            {"role": "user", "content": q2}], greedy)[0].outputs[0].text
+    a3 = embedded_llm.chat([{"role": "user", "content": "Say hi\nin French"}], greedy)[0].outputs[0].text
+    a4 = embedded_llm.chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": q1}],
+                           greedy)[0].outputs[0].text
+    typed = f'{q1}\n{q2}\n/clear\n"""Say hi\nin French\n"""\n/system Be brief.\n{q1}\n/bye\n{q2}\n'
+    r = subprocess.run([sys.executable, "-m", "specserve.cli.main", "chat", "--max-tokens", "24", "--stats"], input=typed,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"{a1}\n{a2}\n{a3}\n{a4}\n"  # nothing after /bye
+    stats = [line for line in r.stderr.splitlines() if "prompt tokens from the prefix cache" in line]
+    assert len(stats) == 4 and stats[0].split(", ")[-1].startswith("0 of") and not stats[1].split(", ")[-1].startswith("0 of")
+
+
+def test_ctrl_c_stops_a_chat_answer_and_the_conversation_goes_on():
+    import signal
+    p = subprocess.Popen([sys.executable, "-m", "specserve.cli.main", "chat", "--max-tokens", "400"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        p.stdin.write("Count from 1 to 200, separated by spaces.\n")
+        p.stdin.flush()
+        first = p.stdout.read(1)  # the answer has begun
+        p.send_signal(signal.SIGINT)
+        p.stdin.write("What is the capital of France?\n")
+        p.stdin.close()
+        p.stdin = None
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 0 and err.strip() == "[stopped]", err
+    stopped, answer = (first + out).split("\n")[:2]
+    assert stopped and " 200" not in stopped and "Paris" in answer
+
+
 @pytest.mark.parametrize("args", [["--max-tokens", "-1"], ["--top-p", "1.5"], ["--model", "/no/such/file.gguf"],
                                   ["--temperature", "-2"], ["-n", "0"]])
 def test_nonsense_arguments_exit_2_with_one_line(args):

@@ -1,0 +1,140 @@
+"""`specserve chat`: a conversation at the terminal, as `ollama run` and `llama-cli -cnv` hold one. Each
+turn is the whole conversation through the model's chat template; the earlier turns' KV comes back from
+the prefix cache, so a turn's wait grows with its own message, not with the conversation.
+
+Lines from a pipe work too (`printf 'hi\\nmore\\n' | specserve chat`): one message a line. In a message:
+/bye (or Ctrl-D) leaves, /clear forgets the conversation, /system TEXT sets the system prompt (and
+clears), /help lists these; a message between lines of three double quotes spans several lines.
+Ctrl-C stops an answer (what was shown stays in the conversation) and, at the prompt, leaves."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Iterator, Optional, TextIO
+
+from .args import positive_int, temperature, top_p
+
+HELP = ("/bye leaves (Ctrl-D too), /clear forgets the conversation, /system TEXT sets the system prompt and clears, "
+        '""" starts and ends a message of several lines; Ctrl-C stops an answer')
+
+
+def add_chat_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--system", default=None, help="the system prompt (default: none; the model's template may add one)")
+    p.add_argument("--max-tokens", type=positive_int, default=512, help="tokens an answer takes at most (default: 512)")
+    p.add_argument("--temperature", type=temperature, default=0.0, help="0 (the default: greedy) or the sampling temperature")
+    p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling's mass (default: 1.0, off)")
+    p.add_argument("--top-k", type=int, default=-1, help="sample among the k likeliest tokens (default: -1, off)")
+    p.add_argument("--seed", type=int, default=None, help="the samples' seed: the same seed, the same answers")
+    p.add_argument("--stats", action="store_true", help="after each answer, its tokens, wait and speed on stderr")
+
+
+def messages(lines: Iterator[str], prompt: Optional[str], out: TextIO) -> Iterator[str]:
+    """The user's messages: one a line, or the lines between two lines of three double quotes.
+    prompt: written before each message where the input is a terminal (None for a pipe)."""
+    block: Optional[list[str]] = None
+    while True:
+        if prompt is not None:
+            out.write(prompt if block is None else "... ")
+            out.flush()
+        line = next(lines, None)
+        if line is None:
+            if block:
+                yield "\n".join(block)
+            return
+        line = line.rstrip("\n")
+        if block is None:
+            if line.strip().startswith('"""'):
+                rest = line.strip()[3:]
+                if rest.endswith('"""') and len(rest) >= 3:  # """one line"""
+                    yield rest[:-3]
+                else:
+                    block = [rest] if rest else []
+            elif line.strip():
+                yield line
+        elif line.rstrip().endswith('"""'):
+            block.append(line.rstrip()[:-3])
+            yield "\n".join(block).strip("\n")
+            block = None
+        else:
+            block.append(line)
+
+
+def cmd_chat(args, llm_kwargs: dict, stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
+    from ..engine.llm import LLM, chat_token_ids
+    from ..types import SamplingParams
+
+    llm = LLM(**llm_kwargs)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            max_tokens=args.max_tokens, seed=args.seed)
+    system = args.system
+    history: list[dict] = []
+    tty = stdin.isatty()
+    context = llm.engine.max_model_len
+    if tty:
+        print(f"[{os.path.basename(llm.engine.model_path)}: {HELP}]", file=sys.stderr)
+    # Ctrl-C as KeyboardInterrupt here (the CLI's default leaves at once): generate frees the answer's
+    # requests on it, and the conversation goes on
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
+    try:
+        for text in messages(iter(stdin.readline, ""), ">>> " if tty else None, stdout):
+            if text.strip() == "/bye":
+                break
+            if text.strip() == "/clear":
+                history = []
+                print("[conversation cleared]", file=sys.stderr)
+                continue
+            if text.strip() == "/help":
+                print(f"[{HELP}]", file=sys.stderr)
+                continue
+            if text.startswith("/system"):
+                system, history = text[len("/system"):].strip() or None, []
+                print(f"[system prompt {'set' if system else 'removed'}; conversation cleared]", file=sys.stderr)
+                continue
+            history.append({"role": "user", "content": text})
+            conv = ([{"role": "system", "content": system}] if system else []) + history
+            shown: list[str] = []
+
+            def on_text(_, __, delta, finished, shown=shown):
+                shown.append(delta)
+                stdout.write(delta)
+                stdout.flush()
+
+            t0 = time.perf_counter()
+            try:
+                ids = chat_token_ids(llm.tokenizer, conv)
+                if len(ids) >= context:
+                    raise ValueError(f"the conversation ({len(ids)} tokens) fills this model's context ({context})")
+                # an answer stops where the context ends rather than being refused
+                room = dataclasses.replace(params, max_tokens=min(params.max_tokens, context - len(ids)))
+                out = llm.generate(ids, room, on_text=on_text)[0]
+            except KeyboardInterrupt:
+                stdout.write("\n")
+                print("[stopped]", file=sys.stderr)
+                history.append({"role": "assistant", "content": "".join(shown)})
+                continue
+            except ValueError as e:  # the conversation no longer fits the context, a template's refusal
+                history.pop()
+                print(f"[{str(e).splitlines()[0]}; /clear starts again]", file=sys.stderr)
+                continue
+            answer = out.outputs[0]
+            history.append({"role": "assistant", "content": answer.text})
+            stdout.write("\n")
+            stdout.flush()
+            if args.stats:
+                wall, n = time.perf_counter() - t0, len(answer.token_ids)
+                ttft = answer.time_to_first_token
+                print(f"[{n} tokens in {wall:.2f} s ({n / wall:.1f} tokens/s); first token after "
+                      f"{'-' if ttft is None else f'{ttft * 1e3:.0f} ms'}, {out.num_cached_tokens} of "
+                      f"{len(out.prompt_token_ids)} prompt tokens from the prefix cache]", file=sys.stderr)
+    except KeyboardInterrupt:  # at the prompt: leave, as a shell does on Ctrl-C at an empty line
+        stdout.write("\n")
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+    return 0
