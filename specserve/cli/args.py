@@ -37,6 +37,18 @@ temperature = _checked(float, lambda v: 0 <= v < float("inf"), "a finite number 
 positive_float = _checked(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
 
 
+def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    """The SamplingParams flags generate and chat share (greedy by default at the terminal; the server's
+    default temperature is 1.0, as OpenAI's)."""
+    p.add_argument("--max-tokens", type=positive_int, default=max_tokens,
+                   help=f"tokens to generate at most (default: {max_tokens})")
+    p.add_argument("--temperature", type=temperature, default=0.0,
+                   help="0 (the default here: greedy) or the sampling temperature; the server's default is 1.0, as OpenAI's")
+    p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling's mass (default: 1.0, off)")
+    p.add_argument("--top-k", type=int, default=-1, help="sample among the k likeliest tokens (default: -1, off; 0 too)")
+    p.add_argument("--seed", type=int, default=None, help="the samples' seed: the same seed, the same output")
+
+
 def model_path(s: str) -> str:
     """A file or directory, or a known model's name (pulled on first use)."""
     if not os.path.exists(s) and s not in MODELS:

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Iterator, Optional, TextIO
 
-from .args import positive_int, temperature, top_p
+from .args import add_sampling_args
 
 HELP = ("/bye leaves (Ctrl-D too), /clear forgets the conversation, /system TEXT sets the system prompt and clears, "
         '""" starts and ends a message of several lines; Ctrl-C stops an answer')
@@ -25,11 +25,7 @@ HELP = ("/bye leaves (Ctrl-D too), /clear forgets the conversation, /system TEXT
 
 def add_chat_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, help="the system prompt (default: none; the model's template may add one)")
-    p.add_argument("--max-tokens", type=positive_int, default=512, help="tokens an answer takes at most (default: 512)")
-    p.add_argument("--temperature", type=temperature, default=0.0, help="0 (the default: greedy) or the sampling temperature")
-    p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling's mass (default: 1.0, off)")
-    p.add_argument("--top-k", type=int, default=-1, help="sample among the k likeliest tokens (default: -1, off)")
-    p.add_argument("--seed", type=int, default=None, help="the samples' seed: the same seed, the same answers")
+    add_sampling_args(p, max_tokens=512)
     p.add_argument("--stats", action="store_true", help="after each answer, its tokens, wait and speed on stderr")
 
 

@@ -11,7 +11,7 @@ import time
 import warnings
 
 from ..registry import MODELS
-from .args import Parser, model_path, positive_int, temperature, top_p
+from .args import Parser, add_sampling_args, model_path, positive_int
 from .engine_args import add_guided_args, add_model_args, add_spec_args, guided_from_args, llm_kwargs, spec_from_args
 
 
@@ -24,12 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
     g.add_argument("-n", type=positive_int, default=1, help="samples of the prompt (its KV is shared)")
-    g.add_argument("--max-tokens", type=positive_int, default=128, help="tokens to generate at most (default: 128)")
-    g.add_argument("--temperature", type=temperature, default=0.0,
-                   help="0 (the default here: greedy) or the sampling temperature; the server's default is 1.0, as OpenAI's")
-    g.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling's mass (default: 1.0, off)")
-    g.add_argument("--top-k", type=int, default=-1, help="sample among the k likeliest tokens (default: -1, off; 0 too)")
-    g.add_argument("--seed", type=int, default=None, help="the samples' seed: the same seed, the same output")
+    add_sampling_args(g, max_tokens=128)
     g.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
     g.add_argument("--best-of", type=positive_int, default=None,
