@@ -45,6 +45,10 @@ class SamplingParams:
     # True: the log-probability of each chosen token under the model's distribution; an integer k
     # (as in vLLM): that plus the k most likely tokens at each position, with their ids.
     logprobs: Union[bool, int] = False
+    # vLLM's prompt_logprobs: an integer k scores the prompt too, each prompt token's log-probability
+    # given the tokens before it (the first has none) plus the k most likely there (0: none). Such a
+    # request computes its whole prompt (no prefix-cache hits: a cached row has no logits).
+    prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     # With an engine that speculates: None lets its cost model decide; False: never draft for this
     # request (its tokens are the same either way: speculation is lossless).
@@ -111,6 +115,10 @@ class SamplingParams:
         if not isinstance(self.logprobs, bool) and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise ValueError(f"logprobs must be True/False or an integer k in [0, {MAX_TOP_LOGPROBS}] (the k most likely "
                              f"tokens too), got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and not (_is_int(self.prompt_logprobs)
+                                                     and 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"prompt_logprobs must be None or an integer k in [0, {MAX_TOP_LOGPROBS}], "
+                             f"got {self.prompt_logprobs!r}")
         set_ = [f"guided_{kind}" for kind, _ in self._guided_set()]
         if len(set_) > 1:
             raise ValueError(f"set at most one guided constraint, got {', '.join(set_)}")
@@ -295,6 +303,9 @@ class Request:
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[dict[int, float]] = field(default_factory=list)  # logprobs=k: {id: logprob}, most likely first
     output_origins: list[TokenOrigin] = field(default_factory=list)  # who proposed each output token
+    # params.prompt_logprobs: prompt token i's log-probability at index i (None at 0), as far as computed
+    prompt_logprobs: list[Optional[float]] = field(default_factory=list)
+    prompt_top_logprobs: list[Optional[dict[int, float]]] = field(default_factory=list)  # k > 0: {id: logprob}
     num_computed_tokens: int = 0  # tokens whose KV is in the cache (Scheduler moves it)
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (not computed for this request)
     block_table: list[int] = field(default_factory=list)
@@ -320,6 +331,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def scores_prompt(self) -> bool:
+        """params.prompt_logprobs asks for the prompt's log-probabilities and some are not computed yet."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
 
     @property
     def past_prompt(self) -> bool:
@@ -394,6 +410,10 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = True
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (vLLM's field)
+    # SamplingParams.prompt_logprobs: each prompt token's log-probability given those before it (None
+    # for the first), and with k > 0 the k most likely {id: logprob} at each position (None for the first)
+    prompt_logprobs: Optional[list[Optional[float]]] = None
+    prompt_top_logprobs: Optional[list[Optional[dict[int, float]]]] = None
 
     @property
     def metrics(self) -> dict:

@@ -177,5 +177,7 @@ class LLM:
                 drafted_per_step=list(r.spec_drafted) if r.spec_drafted else None,
                 origins=[o.value for o in r.output_origins],
                 cumulative_logprob=sum(r.output_logprobs) if r.params.needs_logprobs else None, error=r.error))
-        return RequestOutput(group[0].group_id, prompt, list(group[0].prompt_token_ids), outs,
-                             num_cached_tokens=group[0].num_cached_tokens)
+        lead, k = group[0], group[0].params.prompt_logprobs  # the leader scored the prompt
+        return RequestOutput(lead.group_id, prompt, list(lead.prompt_token_ids), outs, num_cached_tokens=lead.num_cached_tokens,
+                             prompt_logprobs=None if k is None else list(lead.prompt_logprobs),
+                             prompt_top_logprobs=list(lead.prompt_top_logprobs) if k else None)

@@ -146,6 +146,9 @@ class LLMEngine:
                                              IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
                                              self.guided.guide(params))
             reqs.append(r)
+        if params.prompt_logprobs is not None:  # the leader scores the prompt (its first token has no logprob)
+            reqs[0].prompt_logprobs = [None]
+            reqs[0].prompt_top_logprobs = [None] if params.prompt_logprobs else []
         self.scheduler.add(reqs[0])
         for r in reqs[1:]:
             r.status = RequestStatus.WAITING_FOR_FORK
@@ -257,6 +260,9 @@ class LLMEngine:
         if spec is not None and self.device.type == "cuda":
             torch.cuda.synchronize()
         now = t_pass = time.perf_counter()
+        for s, rows in out:
+            if rows.prompt_logits is not None:
+                _score_prompt(s.request, out.logits[rows.prompt_logits])
 
         # Requests whose step samples: one logits row each, or a verify span of 1 + k rows.
         samplers = [(s, rows) for s, rows in out if rows.logits is not None and not s.num_draft_tokens]
@@ -424,6 +430,16 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.release(r)
         self._live.pop(r.request_id, None)
+
+
+def _score_prompt(r: Request, logits: torch.Tensor) -> None:
+    """Append the log-probabilities of r's next prompt tokens (SamplingParams.prompt_logprobs) from their
+    rows' logits [R, vocab]: the raw model distribution, before any bias or grammar mask (as vLLM)."""
+    done = len(r.prompt_logprobs)
+    lp, top = token_logprobs(logits, r.prompt_token_ids[done:done + logits.shape[0]], r.params.prompt_logprobs)
+    r.prompt_logprobs.extend(lp)
+    if r.params.prompt_logprobs:
+        r.prompt_top_logprobs.extend(top)
 
 
 def _graph_runner(eager: ModelRunner, config: EngineConfig, max_model_len: int) -> ModelRunner:

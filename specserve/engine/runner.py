@@ -21,6 +21,9 @@ class RequestRows:
     # its logits rows: 1 + num_draft_tokens (after its last known token, then after each draft token:
     # after each tree node's path for a token tree); None for a prompt chunk short of the prompt's end
     logits: Optional[slice]
+    # a request scoring its prompt (SamplingParams.prompt_logprobs): its logits rows for the chunk's
+    # rows whose next token is a prompt token not yet scored, in order (Request.prompt_logprobs)
+    prompt_logits: Optional[slice] = None
 
 
 @dataclass
@@ -46,6 +49,10 @@ class StepLayout:
     trees: list  # per request: its span's tree rows' parents, or None (a causal span)
     logits_rows: list[int]  # [S] rows of [T] that go through the LM head
     rows: list[RequestRows]
+
+    @property
+    def scores_prompts(self) -> bool:
+        return any(r.prompt_logits is not None for r in self.rows)
 
 
 class ModelRunner:
@@ -98,12 +105,18 @@ class ModelRunner:
             q_lens.append(n)
             kv_lens.append(start + n)
             tables.append(r.block_table)
-            logits = None
+            logits = prompt_logits = None
             if s.samples:
                 first = len(logits_rows)
                 logits_rows.extend(range(offset + n - 1 - s.num_draft_tokens, offset + n))
                 logits = slice(first, len(logits_rows))
-            rows.append(RequestRows(slice(offset, offset + n), logits))
+            if r.scores_prompt:  # position p's row predicts prompt token p + 1; those scored already are skipped
+                lo, hi = max(start, len(r.prompt_logprobs) - 1), min(start + n, r.num_prompt_tokens - 1)
+                if lo < hi:
+                    first = len(logits_rows)
+                    logits_rows.extend(range(offset + lo - start, offset + hi - start))
+                    prompt_logits = slice(first, len(logits_rows))
+            rows.append(RequestRows(slice(offset, offset + n), logits, prompt_logits))
             offset += n
         return StepLayout(token_ids, positions, q_lens, kv_lens, tables, trees, logits_rows, rows)
 

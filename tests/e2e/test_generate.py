@@ -92,3 +92,26 @@ def test_chunked_prefill_and_preemption_change_nothing(embedded_llm):
     got = [o.outputs[0].token_ids for o in tight.generate(prompts, params)]
     assert preempted, "the cache was meant to be too small to hold every sequence"
     assert got == ref
+
+
+def test_prompt_logprobs_score_every_prompt_token_whatever_the_chunking_the_cache_and_n(embedded_llm):
+    from specserve import LLM
+    prompt = humaneval_prompts(1)[0]
+    greedy = SamplingParams(temperature=0, max_tokens=6, prompt_logprobs=3)
+    whole = embedded_llm.generate(prompt, greedy)[0]
+    P = len(whole.prompt_token_ids)
+    assert P > 40 and len(whole.prompt_logprobs) == P and len(whole.prompt_top_logprobs) == P
+    assert whole.prompt_logprobs[0] is None and all(lp <= 0 for lp in whole.prompt_logprobs[1:])
+    for tok, lp, top in zip(whole.prompt_token_ids[1:], whole.prompt_logprobs[1:], whole.prompt_top_logprobs[1:]):
+        assert len(top) == 3 and list(top.values()) == sorted(top.values(), reverse=True)
+        assert (tok in top and top[tok] == lp) or lp <= min(top.values())
+    plain = embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=6))[0]
+    assert plain.prompt_logprobs is None and plain.num_cached_tokens > 0  # cached now, so the next one must not use it
+    again = embedded_llm.generate(prompt, greedy)[0]
+    assert again.num_cached_tokens == 0 and again.prompt_logprobs == whole.prompt_logprobs
+    assert whole.outputs[0].token_ids == plain.outputs[0].token_ids  # scoring the prompt changes no output
+    samples = embedded_llm.generate(prompt, SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=4, prompt_logprobs=0))[0]
+    assert samples.prompt_logprobs == whole.prompt_logprobs and samples.prompt_top_logprobs is None
+    chunked = LLM(kv_cache_gib=0.1, prefill_chunk=16).generate(prompt, greedy)[0]  # SARATHI chunks of 16 rows
+    assert max(abs(a - b) for a, b in zip(chunked.prompt_logprobs[1:], whole.prompt_logprobs[1:])) < 1e-4
+    assert chunked.outputs[0].token_ids == whole.outputs[0].token_ids

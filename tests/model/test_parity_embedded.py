@@ -50,6 +50,24 @@ def test_logits_match_hf(embedded_llm, hf_model):
         assert (ours - ref).abs().max().item() <= 1e-3
 
 
+def test_prompt_logprobs_match_hf(embedded_llm, hf_model):
+    """SamplingParams.prompt_logprobs: each prompt token's log-probability and the top 3 at its position,
+    against HF's log-softmax over the same prompt (a prompt that is also in the prefix cache: scored whole)."""
+    for prompt in humaneval_prompts(2):
+        embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1))  # now in the prefix cache
+        out = embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=3))[0]
+        ids = out.prompt_token_ids
+        with torch.no_grad():
+            ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0, :-1].float(), dim=-1)  # [P-1, vocab]
+        want = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+        assert out.num_cached_tokens == 0 and out.prompt_logprobs[0] is None and out.prompt_top_logprobs[0] is None
+        assert (torch.tensor(out.prompt_logprobs[1:]) - want).abs().max().item() <= 1e-3
+        vals, top = ref.topk(3, dim=-1)
+        for i, got in enumerate(out.prompt_top_logprobs[1:]):
+            assert set(got) == set(top[i].tolist()) or vals[i, 2] - ref[i].topk(4).values[3] < 1e-3  # a near tie
+            assert max(abs(got[t] - ref[i, t].item()) for t in got) <= 1e-3
+
+
 def test_greedy_matches_hf_generate(embedded_llm, hf_model):
     prompts = humaneval_prompts(4)
     outs = embedded_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48))

@@ -31,6 +31,8 @@ def test_stop_string_normalised():
     (dict(seed=1.5), "seed must be an integer"),
     (dict(logprobs=21), "logprobs must be True/False or an integer k in"),
     (dict(logprobs=-1), "logprobs must be True/False or an integer k in"),
+    (dict(prompt_logprobs=-1), "prompt_logprobs must be None or an integer k in"),
+    (dict(prompt_logprobs=True), "prompt_logprobs must be None or an integer k in"),
     (dict(logprobs=2.0), "logprobs must be True/False or an integer k in"),
     (dict(max_tokens=2.0), "max_tokens must be an integer"),
     (dict(n=True), "n must be an integer"),
