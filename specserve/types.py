@@ -396,6 +396,9 @@ class StreamDelta:
     finish_reason: Optional[str] = None  # set on the sample's last delta: "stop", "length", "abort", ...
     stop_reason: Union[int, str, None] = None
     error: Optional[str] = None  # finish_reason "error": why, in one line
+    # SamplingParams.prompt_logprobs, on a sample's first delta: RequestOutput's fields of the same names
+    prompt_logprobs: Optional[list[Optional[float]]] = None
+    prompt_top_logprobs: Optional[list[Optional[dict[int, float]]]] = None
 
     @property
     def finished(self) -> bool:

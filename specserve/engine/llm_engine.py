@@ -369,6 +369,7 @@ class LLMEngine:
         for r in row_reqs:
             if r.status == RequestStatus.WAITING_FOR_FORK:
                 copies += self.scheduler.fork(r.leader, r)
+                r.prompt_logprobs, r.prompt_top_logprobs = list(r.leader.prompt_logprobs), list(r.leader.prompt_top_logprobs)
                 if self.speculator is not None:
                     self.speculator.fork(r.leader, r)
                 r.leader = None

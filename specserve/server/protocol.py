@@ -86,7 +86,11 @@ class _Common(BaseModel):
             max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens, seed=self.seed,
             stop=self.stop, ignore_eos=self.ignore_eos, logprobs=logprobs, speculative=self.speculative,
             best_of=self.best_of, best_of_deadline_s=self.best_of_deadline_s, logit_bias=self.token_biases(),
-            **self.guided())
+            prompt_logprobs=self.prompt_logprobs_param(), **self.guided())
+
+    def prompt_logprobs_param(self) -> Optional[int]:
+        """SamplingParams.prompt_logprobs: scored prompts only where the response shows them (echo)."""
+        return None
 
     def guided(self) -> dict:
         """The guided_<kind> extras set (registry.GUIDED's kinds that have one: json_object comes from
@@ -108,8 +112,8 @@ class CompletionRequest(_Common):
     response_format: Optional[Any] = None
 
     def unsupported(self) -> Optional[tuple[str, str]]:
-        if self.echo:
-            return "echo is not supported", "echo"
+        if self.echo and self.stream:
+            return "echo cannot stream here: the prompt comes back with the whole response", "echo"
         if self.suffix:
             return "suffix is not supported", "suffix"
         for name in ("tools", "functions", "tool_choice", "parallel_tool_calls"):
@@ -125,6 +129,9 @@ class CompletionRequest(_Common):
         if isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], int)):
             return [p]
         return list(p)
+
+    def prompt_logprobs_param(self) -> Optional[int]:
+        return self.logprobs if self.echo else None  # echo with logprobs: the prompt's tokens scored too
 
     def logprobs_param(self) -> Union[bool, int]:
         if self.logprobs is None:

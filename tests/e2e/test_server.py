@@ -142,6 +142,32 @@ def test_top_logprobs_are_the_models(server, client, embedded_llm):
     assert all(c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob for c in content)
 
 
+def test_echo_returns_the_prompt_and_its_logprobs_as_llm_generate_scores_them(server, client, embedded_llm):
+    """echo with logprobs (how lm-evaluation-harness scores log-likelihoods through a server): each
+    choice's text and logprobs start with its prompt's, the prompt's scores those of
+    SamplingParams.prompt_logprobs, the completion LLM.generate's."""
+    tok = embedded_llm.tokenizer
+    ids = tok.encode(PROMPTS[2])
+    got = client.completions.create(model=server["model"], prompt=[PROMPTS[0], PROMPTS[1]], max_tokens=4, temperature=0,
+                                    echo=True, logprobs=2, n=2)
+    assert len(got.choices) == 4 and got.usage.completion_tokens == 16  # the echoed prompts are not completion tokens
+    as_ids = client.completions.create(model=server["model"], prompt=ids, max_tokens=4, temperature=0, echo=True, logprobs=2)
+    for c, prompt in [(c, PROMPTS[c.index // 2]) for c in got.choices] + [(as_ids.choices[0], ids)]:
+        want = embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, logprobs=2, prompt_logprobs=2))[0]
+        text = prompt if isinstance(prompt, str) else tok.decode(prompt)
+        assert c.text == text + want.outputs[0].text
+        lp = c.logprobs
+        P = len(want.prompt_token_ids)
+        assert lp.tokens == [tok.decode([t], skip_special_tokens=False) for t in want.prompt_token_ids + want.outputs[0].token_ids]
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert all(abs(a - b) < 1e-5 for a, b in zip(lp.token_logprobs[1:], want.prompt_logprobs[1:] + want.outputs[0].logprobs))
+        assert [list(t) for t in lp.top_logprobs[1:P]] == [[tok.decode([i], skip_special_tokens=False) for i in t]
+                                                            for t in want.prompt_top_logprobs[1:]]
+        assert lp.text_offset[P] == len(text) and lp.text_offset == sorted(lp.text_offset)
+    plain = client.completions.create(model=server["model"], prompt=PROMPTS[0], max_tokens=4, temperature=0, echo=True)
+    assert plain.choices[0].text == got.choices[0].text and plain.choices[0].logprobs is None
+
+
 def test_tokenize_counts_what_generation_feeds_the_model_and_detokenize_inverts_it(server, client, embedded_llm):
     m, tok = server["model"], embedded_llm.tokenizer
     for prompt in PROMPTS:
@@ -176,7 +202,7 @@ def test_tokenize_counts_what_generation_feeds_the_model_and_detokenize_inverts_
 
 @pytest.mark.parametrize("case", ["no key", "bad json", "unknown model", "n too big", "prompt too long", "bad temperature",
                                   "body too big", "unknown route", "empty messages", "penalty", "bad schema",
-                                  "bad response_format", "streamed best_of", "best_of too big", "best_of below n"])
+                                  "bad response_format", "streamed best_of", "best_of too big", "best_of below n", "streamed echo"])
 def test_errors_are_openai_error_objects_with_the_right_status(server, case):
     m = server["model"]
     status, body = {
@@ -201,6 +227,7 @@ def test_errors_are_openai_error_objects_with_the_right_status(server, case):
                                                                             "stream": True}),
         "best_of too big": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "best_of": 9}),
         "best_of below n": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "n": 3, "best_of": 2}),
+        "streamed echo": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "echo": True, "stream": True}),
     }[case]()
     want = {"no key": 401, "unknown model": 404, "body too big": 413, "unknown route": 404}.get(case, 400)
     assert status == want, body

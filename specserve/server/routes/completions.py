@@ -1,10 +1,11 @@
 """/v1/completions: prompts (one or a list, text or token ids) completed; its choices carry "text"
-and OpenAI's legacy logprobs (tokens, token_logprobs, top_logprobs, text_offset)."""
+and OpenAI's legacy logprobs (tokens, token_logprobs, top_logprobs, text_offset), the prompt's first
+with echo."""
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Callable, Optional
+from typing import AsyncIterator, Callable, Optional
 
 from fastapi import APIRouter, Request
 
@@ -51,6 +52,46 @@ class CompletionChoice:
         choice["text"] += d.text
 
 
+class Echo:
+    """echo: each choice's text, and its logprobs where asked, start with its prompt's, as in OpenAI's
+    legacy completions and vLLM (what lm-evaluation-harness scores log-likelihoods with). The prompt as
+    sent (a list of ids: their text); its tokens' log-probabilities under the model, the first None
+    (SamplingParams.prompt_logprobs, on each sample's first delta); text offsets run on into the completion."""
+
+    def __init__(self, prompts: list, ids: list[list[int]], token_text: Callable[[int], str], decode: Callable[[list[int]], str]):
+        self.texts = [p if isinstance(p, str) else decode(p) for p in prompts]
+        self.ids, self.token_text = ids, token_text
+        self.scored: dict[tuple[int, int], StreamDelta] = {}  # (prompt, sample) -> its delta with the prompt's scores
+
+    def watch(self, i: int, stream: AsyncIterator[StreamDelta]) -> AsyncIterator[StreamDelta]:
+        """Prompt i's stream, its prompt scores kept on the way; closing it closes the engine's (an abort)."""
+        async def watched():
+            try:
+                async for d in stream:
+                    if d.prompt_logprobs is not None:
+                        self.scored[(i, d.index)] = d
+                    yield d
+            finally:
+                await stream.aclose()
+        return watched()
+
+    def apply(self, response: dict, n: int) -> dict:
+        for ch in response["choices"]:
+            i = ch["index"] // n
+            text, lp, d = self.texts[i], ch["logprobs"], self.scored.get((i, ch["index"] % n))
+            ch["text"] = text + ch["text"]
+            if lp is None or d is None:
+                continue
+            toks = [self.token_text(t) for t in self.ids[i]]
+            offsets = [sum(len(t) for t in toks[:j]) for j in range(len(toks))]
+            tops = None if lp["top_logprobs"] is None else [
+                None if top is None else {self.token_text(t): v for t, v in top.items()} for top in d.prompt_top_logprobs]
+            ch["logprobs"] = {"tokens": toks + lp["tokens"], "token_logprobs": list(d.prompt_logprobs) + lp["token_logprobs"],
+                              "top_logprobs": None if tops is None else tops + lp["top_logprobs"],
+                              "text_offset": offsets + [o + len(text) for o in lp["text_offset"]]}
+        return response
+
+
 def router(s: Serving) -> APIRouter:
     r = APIRouter()
 
@@ -63,8 +104,13 @@ def router(s: Serving) -> APIRouter:
         slot, ids, params = await s.admit_and_prepare(body, prompts)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         streams = [s.engine(body).generate(p, params) for p in ids]
+        echo = None
+        if body.echo:
+            echo = Echo(prompts, ids, s.token_text(body), s.engine(body).tokenizer.decode)
+            streams = [echo.watch(i, st) for i, st in enumerate(streams)]
         choices = s.new_choices(body, CompletionChoice(s.token_text(body)), params.n, ids)  # prompt i's sample k: choice i * n + k
         head = {"id": rid, "object": "text_completion", "created": created, "model": s.name(body)}
-        return await s.respond(http, slot, body, streams, choices, head, "text_completion")
+        out = await s.respond(http, slot, body, streams, choices, head, "text_completion")
+        return echo.apply(out, params.n) if echo is not None and isinstance(out, dict) else out
 
     return r
