@@ -23,7 +23,6 @@ import time
 import torch
 
 from specserve import LLM, SamplingParams
-from specserve.attention.paged import AttentionMetadata
 from specserve.config import ACTIVATIONS
 from specserve_bench.humaneval import humaneval_problems, humaneval_prompts
 from specserve_bench.machine import cpu
@@ -70,18 +69,12 @@ def windows(ids: list[int], max_windows: int) -> list[list[int]]:
     return [ids[i:i + WINDOW] for i in range(0, len(ids) - 1, WINDOW)][:max_windows]
 
 
-def nll_specserve(llm: LLM, ids: list[int]) -> tuple[float, int]:
-    """Summed negative log-likelihood of ids[1:] given what precedes them in the window (one pass)."""
-    eng = llm.engine
-    n, table = len(ids), []
-    eng.scheduler.blocks.allocate(table, n)
-    try:
-        meta = AttentionMetadata.build([n], [n], [table], eng.kv.block_size, eng.model.device, mode="split")
-        logits = eng.model.forward(torch.tensor(ids), torch.arange(n), meta, eng.kv.k, eng.kv.v, torch.arange(n))
-    finally:
-        eng.scheduler.blocks.free(table)
-    logp = torch.log_softmax(logits[:-1].double(), dim=-1)
-    return -logp.gather(1, torch.tensor(ids[1:])[:, None]).sum().item(), n - 1
+def nll_specserve(llm: LLM, windows: list[list[int]]) -> list[tuple[float, int]]:
+    """Per window, the summed negative log-likelihood of its tokens after the first given what precedes
+    them in the window, and their count: the engine's own prompt scoring (SamplingParams.prompt_logprobs),
+    each window computed as any prompt is."""
+    outs = llm.generate(windows, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0))
+    return [(-math.fsum(o.prompt_logprobs[1:]), len(o.prompt_token_ids) - 1) for o in outs]
 
 
 def _llama_cpp_nll(path: str, threads: int, chunks: list[list[int]]) -> list[float]:
@@ -147,7 +140,7 @@ def main():
             t0 = time.time()
             chunks = {k: windows(llm.tokenizer.encode(v), args.windows) for k, v in texts().items()}
             for k, cs in chunks.items():
-                nll = [nll_specserve(llm, c) for c in cs]
+                nll = nll_specserve(llm, cs)
                 r.setdefault(k, {})[mode] = math.exp(sum(a for a, _ in nll) / sum(n for _, n in nll))
             outs[mode] = [o.outputs[0].token_ids for o in
                           llm.generate(humaneval_prompts(args.prompts), SamplingParams(temperature=0, max_tokens=128))]
