@@ -88,7 +88,7 @@ def cmd_chat(args, llm_kwargs: dict, stdin: TextIO = sys.stdin, stdout: TextIO =
             if text.strip() == "/help":
                 print(f"[{HELP}]", file=sys.stderr)
                 continue
-            if text.startswith("/system"):
+            if text == "/system" or text.startswith("/system "):
                 system, history = text[len("/system"):].strip() or None, []
                 print(f"[system prompt {'set' if system else 'removed'}; conversation cleared]", file=sys.stderr)
                 continue

@@ -50,10 +50,6 @@ class StepLayout:
     logits_rows: list[int]  # [S] rows of [T] that go through the LM head
     rows: list[RequestRows]
 
-    @property
-    def scores_prompts(self) -> bool:
-        return any(r.prompt_logits is not None for r in self.rows)
-
 
 class ModelRunner:
     def __init__(self, model, kv_cache: KVCache, device: torch.device, attention: str = "split",
