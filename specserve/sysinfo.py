@@ -91,8 +91,8 @@ def speed_hint(info: dict, device: str, weight_kernel: str) -> str | None:
     k = info["kernels"]
     if device.split(":")[0] != "cpu" or weight_kernel != "gguf" or not k["available"] or k["fp32 activations"] != "avx2":
         return None
-    why = ("SPECSERVE_NO_AVX512 is set" if "avx512f" in info.get("cpu", {}).get("flags", ())
-           else "this CPU has no AVX-512")
+    why = ("SPECSERVE_NO_AVX512 is set" if "SPECSERVE_NO_AVX512" in info.get("switches", {})
+           else "this CPU lacks AVX-512 (F, BW, DQ and VL)")
     return (f"{why}: with fp32 activations (exact, the default) GGUF blocks decode slower than llama.cpp here "
             "(Qwen2.5-Coder-1.5B Q4_K_M: 0.54x); --activations int8 (8-bit, as llama.cpp) matched it (0.99x)")
 

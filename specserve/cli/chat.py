@@ -73,10 +73,13 @@ def cmd_chat(args, llm_kwargs: dict, stdin: TextIO = sys.stdin, stdout: TextIO =
     context = llm.engine.max_model_len
     if tty:
         print(f"[{os.path.basename(llm.engine.model_path)}: {HELP}]", file=sys.stderr)
-    # Ctrl-C as KeyboardInterrupt here (the CLI's default leaves at once): generate frees the answer's
-    # requests on it, and the conversation goes on
+    # Ctrl-C at the prompt leaves (a KeyboardInterrupt; the CLI's default exits at once). During an
+    # answer it only raises a flag, which the next streamed text turns into a KeyboardInterrupt: between
+    # engine steps, so generate's abort frees a consistent engine (an interrupt inside a step could
+    # land between the KV cache's bookkeeping updates), and the conversation goes on.
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
+    stop = threading.Event()
     try:
         for text in messages(iter(stdin.readline, ""), ">>> " if tty else None, stdout):
             if text.strip() == "/bye":
@@ -100,8 +103,13 @@ def cmd_chat(args, llm_kwargs: dict, stdin: TextIO = sys.stdin, stdout: TextIO =
                 shown.append(delta)
                 stdout.write(delta)
                 stdout.flush()
+                if stop.is_set():
+                    raise KeyboardInterrupt
 
             t0 = time.perf_counter()
+            stop.clear()
+            if main:
+                signal.signal(signal.SIGINT, lambda *_: stop.set())
             try:
                 ids = chat_token_ids(llm.tokenizer, conv)
                 if len(ids) >= context:
@@ -118,6 +126,9 @@ def cmd_chat(args, llm_kwargs: dict, stdin: TextIO = sys.stdin, stdout: TextIO =
                 history.pop()
                 print(f"[{str(e).splitlines()[0]}; /clear starts again]", file=sys.stderr)
                 continue
+            finally:
+                if main:
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
             answer = out.outputs[0]
             history.append({"role": "assistant", "content": answer.text})
             stdout.write("\n")

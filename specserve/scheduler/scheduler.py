@@ -118,8 +118,9 @@ class Scheduler:
         while self.waiting and min(budget, prefill) > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             req = self.waiting[0]
             if not req.block_table:  # its longest cached prefix (the last token is always computed: its logits;
-                # a prompt being scored computes every row: a cached one has no logits)
-                req.block_table = self.blocks.match_prefix(req.all_token_ids, 0 if req.scores_prompt else req.num_tokens - 1)
+                # a prompt being scored computes the rows it has not scored: a cached one has no logits)
+                limit = min(len(req.prompt_logprobs) - 1, req.num_tokens - 1) if req.scores_prompt else req.num_tokens - 1
+                req.block_table = self.blocks.match_prefix(req.all_token_ids, limit)
                 req.num_computed_tokens = len(req.block_table) * self.blocks.block_size
                 if not req.output_token_ids:
                     req.num_cached_tokens = req.num_computed_tokens

@@ -113,5 +113,10 @@ def test_prompt_logprobs_score_every_prompt_token_whatever_the_chunking_the_cach
     samples = embedded_llm.generate(prompt, SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=4, prompt_logprobs=0))[0]
     assert samples.prompt_logprobs == whole.prompt_logprobs and samples.prompt_top_logprobs is None
     chunked = LLM(kv_cache_gib=0.1, prefill_chunk=16).generate(prompt, greedy)[0]  # SARATHI chunks of 16 rows
+    assert len(chunked.prompt_logprobs) == P
     assert max(abs(a - b) for a, b in zip(chunked.prompt_logprobs[1:], whole.prompt_logprobs[1:])) < 1e-4
     assert chunked.outputs[0].token_ids == whole.outputs[0].token_ids
+    # speculation: drafts ride after the prompt, never in its scored rows
+    spec = LLM(kv_cache_gib=0.1, speculative="suffix").generate([prompt, prompt], greedy)
+    for out in spec:
+        assert out.prompt_logprobs == whole.prompt_logprobs and out.outputs[0].token_ids == whole.outputs[0].token_ids

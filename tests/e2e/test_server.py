@@ -154,7 +154,7 @@ def test_echo_returns_the_prompt_and_its_logprobs_as_llm_generate_scores_them(se
     as_ids = client.completions.create(model=server["model"], prompt=ids, max_tokens=4, temperature=0, echo=True, logprobs=2)
     for c, prompt in [(c, PROMPTS[c.index // 2]) for c in got.choices] + [(as_ids.choices[0], ids)]:
         want = embedded_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, logprobs=2, prompt_logprobs=2))[0]
-        text = prompt if isinstance(prompt, str) else tok.decode(prompt)
+        text = prompt if isinstance(prompt, str) else tok.decode(prompt, skip_special_tokens=False)
         assert c.text == text + want.outputs[0].text
         lp = c.logprobs
         P = len(want.prompt_token_ids)

@@ -57,6 +57,8 @@ def test_the_key_from_each_source_guards_the_api_and_its_docs(llm, source, monke
                 status, body = get(port, path, wrong)
                 assert status == 401 and json.loads(body)["error"]["type"] == "authentication_error", (path, wrong)
             assert get(port, path, KEY)[0] == 200, path
+        for path in ("/tokenize", "/detokenize"):  # the API outside /v1/ (POST: a keyed GET is a 405, past the guard)
+            assert get(port, path)[0] == 401 and get(port, path, KEY)[0] == 405, path
         assert get(port, "/health")[0] == 200 and get(port, "/metrics")[0] == 200  # open, as in vLLM
 
 

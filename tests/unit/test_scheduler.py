@@ -214,3 +214,27 @@ def test_an_aborted_request_leaves_nothing_in_the_prefix_cache():
     advance(s.schedule())
     s.finish(b)  # computed, finished: its 2 full blocks are offered
     assert bm.num_cached_blocks == 2
+
+
+def test_a_prompt_being_scored_takes_from_the_prefix_cache_only_the_rows_it_has_scored():
+    """prompt_logprobs needs each prompt row's logits: a cached row has none. A first admission computes
+    the whole prompt; one coming back after preemption keeps the cached rows it scored already."""
+    bm = BlockManager(16, 4, enable_prefix_caching=True)
+    s = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=100)
+    first = req(0, 13)
+    s.add(first)
+    advance(s.schedule())
+    s.finish(first)  # its 3 full blocks (12 tokens) are cached
+    scoring = Request("1", list(range(1, 14)), SamplingParams(max_tokens=4, prompt_logprobs=0), prompt_logprobs=[None])
+    s.add(scoring)
+    out = s.schedule()
+    assert scoring.num_cached_tokens == 0 and out.scheduled[0].start == 0 and out.scheduled[0].num_new_tokens == 13
+    s.abort(scoring)
+    back = Request("2", list(range(1, 14)), SamplingParams(max_tokens=4, prompt_logprobs=0),
+                   prompt_logprobs=[None] + [-1.0] * 9)  # tokens 1..9 scored: rows 0..8 done, row 9 on not
+    s.add(back)
+    out = s.schedule()
+    assert out.scheduled[0].start == 8  # two cached blocks (8 rows <= 9), the third holds row 9
+    plain = req(3, 13)
+    s.add(plain)
+    assert s.schedule().scheduled[-1].start == 12  # without scoring: every cached block

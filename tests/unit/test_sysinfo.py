@@ -66,14 +66,14 @@ def test_the_summary_line_names_the_cpu_and_the_builds():
 def test_the_speed_hint_names_int8_only_where_fp32_decodes_gguf_blocks_without_avx512():
     """On CPUs without AVX-512 the fp32 mode decodes GGUF blocks at half llama.cpp's speed
     (docs/decisions.md#fp32-avx2-q4k): serve and generate say --activations int8 there, and nowhere else."""
-    def info(available=True, fp32="avx2", flags=("avx2",)):
-        return {"cpu": {"flags": list(flags)},
+    def info(available=True, fp32="avx2", switches=None):
+        return {"switches": switches or {},
                 "kernels": {"available": available, "fp32 activations": fp32} if available else {"available": False}}
     for device in ("cpu", "cpu:0"):
         hint = specserve.speed_hint(info(), device, "gguf")
-        assert hint and "--activations int8" in hint and hint.startswith("this CPU has no AVX-512")
-    # AVX-512 present but switched off: the line names the switch, not the CPU
-    assert specserve.speed_hint(info(flags=("avx2", "avx512f")), "cpu", "gguf").startswith("SPECSERVE_NO_AVX512")
+        assert hint and "--activations int8" in hint and hint.startswith("this CPU lacks AVX-512")
+    # the AVX-512 build switched off: the line names the switch, not the CPU
+    assert specserve.speed_hint(info(switches={"SPECSERVE_NO_AVX512": "1"}), "cpu", "gguf").startswith("SPECSERVE_NO_AVX512")
     assert specserve.speed_hint(info(fp32="avx512"), "cpu", "gguf") is None
     assert specserve.speed_hint(info(available=False), "cpu", "gguf") is None
     assert specserve.speed_hint(info(), "cuda", "gguf") is None

@@ -3,6 +3,7 @@ and OpenAI's legacy logprobs (tokens, token_logprobs, top_logprobs, text_offset)
 with echo."""
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from typing import AsyncIterator, Callable, Optional
@@ -55,8 +56,10 @@ class CompletionChoice:
 class Echo:
     """echo: each choice's text, and its logprobs where asked, start with its prompt's, as in OpenAI's
     legacy completions and vLLM (what lm-evaluation-harness scores log-likelihoods with). The prompt as
-    sent (a list of ids: their text); its tokens' log-probabilities under the model, the first None
-    (SamplingParams.prompt_logprobs, on each sample's first delta); text offsets run on into the completion."""
+    sent (a list of ids: their text, special tokens kept); its tokens' log-probabilities under the model,
+    the first None (SamplingParams.prompt_logprobs, on each sample's first delta). Text offsets run over
+    the tokens' texts, prompt then completion (the echoed text where the prompt's tokens spell it: a BOS
+    token's text is in the tokens, not in a prompt string)."""
 
     def __init__(self, prompts: list, ids: list[list[int]], token_text: Callable[[int], str], decode: Callable[[list[int]], str]):
         self.texts = [p if isinstance(p, str) else decode(p) for p in prompts]
@@ -83,12 +86,12 @@ class Echo:
             if lp is None or d is None:
                 continue
             toks = [self.token_text(t) for t in self.ids[i]]
-            offsets = [sum(len(t) for t in toks[:j]) for j in range(len(toks))]
+            offsets = [0, *itertools.accumulate(len(t) for t in toks)]  # offsets[-1]: the prompt tokens' text
             tops = None if lp["top_logprobs"] is None else [
                 None if top is None else {self.token_text(t): v for t, v in top.items()} for top in d.prompt_top_logprobs]
             ch["logprobs"] = {"tokens": toks + lp["tokens"], "token_logprobs": list(d.prompt_logprobs) + lp["token_logprobs"],
                               "top_logprobs": None if tops is None else tops + lp["top_logprobs"],
-                              "text_offset": offsets + [o + len(text) for o in lp["text_offset"]]}
+                              "text_offset": offsets[:-1] + [o + offsets[-1] for o in lp["text_offset"]]}
         return response
 
 
@@ -106,7 +109,7 @@ def router(s: Serving) -> APIRouter:
         streams = [s.engine(body).generate(p, params) for p in ids]
         echo = None
         if body.echo:
-            echo = Echo(prompts, ids, s.token_text(body), s.engine(body).tokenizer.decode)
+            echo = Echo(prompts, ids, s.token_text(body), lambda p: s.engine(body).tokenizer.decode(p, skip_special_tokens=False))
             streams = [echo.watch(i, st) for i, st in enumerate(streams)]
         choices = s.new_choices(body, CompletionChoice(s.token_text(body)), params.n, ids)  # prompt i's sample k: choice i * n + k
         head = {"id": rid, "object": "text_completion", "created": created, "model": s.name(body)}
