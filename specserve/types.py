@@ -47,7 +47,7 @@ class SamplingParams:
     logprobs: Union[bool, int] = False
     # vLLM's prompt_logprobs: an integer k scores the prompt too, each prompt token's log-probability
     # given the tokens before it (the first has none) plus the k most likely there (0: none). Such a
-    # request computes its whole prompt (no prefix-cache hits: a cached row has no logits).
+    # request computes every prompt row it has not scored (a cached row has no logits: no prefix-cache hits).
     prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     # With an engine that speculates: None lets its cost model decide; False: never draft for this

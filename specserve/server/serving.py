@@ -53,11 +53,15 @@ class Serving:
     def token_text(self, body):
         return self._token_text[self.name(body)]
 
+    def check_model(self, body) -> None:
+        """A model this server does not serve: 404 (no model named: the default)."""
+        if body.model is not None and body.model not in self.models:
+            raise self.unknown_model(body.model)
+
     def check_common(self, body) -> None:
         """What both endpoints refuse before any work: another model, unsupported values, n / best_of out of range."""
         cfg = self.cfg
-        if body.model is not None and body.model not in self.models:
-            raise self.unknown_model(body.model)
+        self.check_model(body)
         why = body.unsupported()
         if why:
             raise ApiError(400, why[0], param=why[1])
@@ -96,17 +100,21 @@ class Serving:
     def prepare(self, body, prompts) -> tuple[list[list[int]], SamplingParams]:
         """Tokenise and check (run in a worker thread: a prompt of megabytes takes seconds)."""
         if isinstance(body, ChatCompletionRequest):
-            try:
-                conv = [{"role": m.role, "content": m.text()} for m in body.messages]
-                ids = [self.engine(body).encode_chat(conv)]
-            except ValueError as e:
-                raise ApiError(400, f"messages: {str(e).splitlines()[0]}", param="messages") from None
+            ids = [self.encode_messages(body)]
         else:
             try:
                 ids = [self.engine(body).encode(p) for p in prompts]
             except (TypeError, ValueError) as e:
                 raise ApiError(400, f"prompt: {e}", param="prompt") from None
         return ids, self.make_params(body, ids)
+
+    def encode_messages(self, body, add_generation_prompt: bool = True) -> list[int]:
+        """body.messages through the model's chat template (a template's refusal: 400 naming messages)."""
+        try:
+            conv = [{"role": m.role, "content": m.text()} for m in body.messages]
+            return self.engine(body).encode_chat(conv, add_generation_prompt)
+        except ValueError as e:
+            raise ApiError(400, f"messages: {str(e).splitlines()[0]}", param="messages") from None
 
     async def admit_and_prepare(self, body, prompts=None):
         """A slot in flight first (so a burst is refused before any work), then the prompt tokenised

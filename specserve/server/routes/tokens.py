@@ -15,23 +15,15 @@ from ..serving import Serving
 def router(s: Serving) -> APIRouter:
     r = APIRouter()
 
-    def check_model(body) -> None:
-        if body.model is not None and body.model not in s.models:
-            raise s.unknown_model(body.model)
-
     def tokenize(body: TokenizeRequest) -> list[int]:
-        llm = s.engine(body)
         if body.messages is None:  # a prompt exactly as /v1/completions tokenises it
-            return llm.encode(body.prompt, body.add_special_tokens)
-        try:  # a conversation exactly as /v1/chat/completions renders it
-            return llm.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages], body.add_generation_prompt)
-        except ValueError as e:
-            raise ApiError(400, f"messages: {str(e).splitlines()[0]}", param="messages") from None
+            return s.engine(body).encode(body.prompt, body.add_special_tokens)
+        return s.encode_messages(body, body.add_generation_prompt)  # a conversation as /v1/chat/completions renders it
 
     @r.post("/tokenize")
     async def tokenize_route(body: TokenizeRequest):
         """{count, max_model_len, tokens} (and token_strs, each token's text, if return_token_strs)."""
-        check_model(body)
+        s.check_model(body)
         if why := body.unsupported():
             raise ApiError(400, why[0], param=why[1])
         ids = await asyncio.to_thread(tokenize, body)
@@ -43,7 +35,7 @@ def router(s: Serving) -> APIRouter:
     @r.post("/detokenize")
     async def detokenize_route(body: DetokenizeRequest):
         """{prompt}: the ids' text, special tokens included (what the model saw)."""
-        check_model(body)
+        s.check_model(body)
         tok = s.engine(body).tokenizer
         bad = next((t for t in body.tokens if not 0 <= t < tok.vocab_size), None)
         if bad is not None:
