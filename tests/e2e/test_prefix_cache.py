@@ -66,7 +66,9 @@ def test_eviction_and_preemption_with_a_small_cache_change_no_token(uncached, mo
 
 
 @pytest.mark.parametrize("spec", [dict(method="lookup"), pytest.param(dict(method="suffix"), marks=pytest.mark.full),
-                                  dict(method="staged", stages=["target", "lookup"], policy="fixed", draft_len=3)])
+                                  # staged drafting's make-test twin is in test_guided.py
+                                  pytest.param(dict(method="staged", stages=["target", "lookup"], policy="fixed",
+                                                    draft_len=3), marks=pytest.mark.full)])
 def test_prefix_caching_with_speculation_changes_no_token(spec, uncached):
     llm = LLM(kv_cache_gib=0.25, speculative={**spec, "fallback": False})
     assert llm.engine.prefix_caching

@@ -1,5 +1,5 @@
 """Speculative decoding on the embedded model is lossless: greedy output is token-identical to regular
-decoding for 20 HumanEval prompts, at batch 1 and batch 8, with PAD and SPLIT attention, with every
+decoding for 20 HumanEval prompts at batch 8 (10 of them at batch 1), with PAD and SPLIT attention, with every
 draft-length policy and every drafter, as chains and as token trees; seeded sampling repeats; bad
 settings fail with one line.
 
@@ -13,6 +13,7 @@ from specserve_bench.humaneval import humaneval_prompts
 
 PROMPTS = humaneval_prompts(20)
 GREEDY = SamplingParams(temperature=0, max_tokens=32)
+BATCH1 = 10  # prompts run alone (each 10 of them took a third of a configuration's time); all 20 run batched
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +67,10 @@ FULL_ONLY = {"eagle-bass-pad", "eagle-fixed3", "eagle-tree-split", "eagle-tree-p
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.full) if n in FULL_ONLY else n for n in CONFIGS])
 def test_greedy_speculative_equals_regular_decoding(name, reference):
     llm = LLM(speculative={**CONFIGS[name], "fallback": False}, kv_cache_gib=0.25, max_num_seqs=8)
-    alone = [llm.generate(p, GREEDY)[0] for p in PROMPTS]  # batch 1
+    alone = [llm.generate(p, GREEDY)[0] for p in PROMPTS[:BATCH1]]  # batch 1
     batch8 = llm.generate(PROMPTS, GREEDY)  # 20 prompts, 8 at a time
-    for ref, a, b in zip(reference, alone, batch8):
-        assert a.outputs[0].token_ids == ref
-        assert b.outputs[0].token_ids == ref
+    assert [a.outputs[0].token_ids for a in alone] == reference[:BATCH1]
+    assert [b.outputs[0].token_ids for b in batch8] == reference
     stats = llm.spec_stats()
     assert stats["spec_steps"] > 0 and stats["accepted"] > 0  # it really speculated, and some drafts were accepted
     if CONFIGS[name].get("stages", [None])[0] == "target":  # a stage that is the target runs the loaded one
