@@ -84,8 +84,9 @@ class ModelReplicas:
     def encode(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
         return prompt_token_ids(self.tokenizer, prompt, add_special_tokens)
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        return chat_token_ids(self.tokenizer, messages, add_generation_prompt)
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: Optional[list[dict]] = None) -> list[int]:
+        return chat_token_ids(self.tokenizer, messages, add_generation_prompt, tools)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """ValueError (one line) if the request cannot be served: asked of a live replica (every replica

@@ -109,9 +109,10 @@ class AsyncLLM:
         only briefly (the tokenizer releases it), so a server can run it in a thread for long prompts."""
         return prompt_token_ids(self.tokenizer, prompt, add_special_tokens)
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: Optional[list[dict]] = None) -> list[int]:
         """A conversation ([{"role", "content"}]) through the model's chat template, as LLM.chat does."""
-        return chat_token_ids(self.tokenizer, messages, add_generation_prompt)
+        return chat_token_ids(self.tokenizer, messages, add_generation_prompt, tools)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """ValueError (one line) if the request cannot be served; reads only fixed engine settings."""

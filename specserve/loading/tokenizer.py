@@ -8,6 +8,7 @@ vocabularies (`tokenizer.ggml.model`):
 """
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ from array import array
 from typing import Optional, Sequence
 
 import jinja2
+import jinja2.meta
 import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
@@ -160,6 +162,10 @@ class Tokenizer:
         self.chat_template = chat_template
         self.special_tokens = special_tokens  # e.g. {"bos_token": "<|im_start|>", "eos_token": ...}
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self._compiled: Optional[tuple[str, jinja2.Template]] = None  # (the template, compiled)
+
+    def __getstate__(self):  # a Ray replica sends its tokenizer pickled: the compiled template stays behind
+        return {**self.__dict__, "_compiled": None}
 
     # --- construction -------------------------------------------------------------------------
     @classmethod
@@ -172,9 +178,13 @@ class Tokenizer:
         types = fields.get("tokenizer.ggml.token_type") or [_TOKEN_TYPE_NORMAL] * len(tokens)
         if kind == "gpt2":
             backend = _byte_level_bpe(fields, tokens)
-            specials = [AddedToken(t, special=True, normalized=False)
-                        for t, ty in zip(tokens, types) if ty in (_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED)]
-            backend.add_special_tokens(specials)
+            # Control tokens (<|im_end|>) are special, dropped from decoded text; user-defined ones
+            # (Qwen's <tool_call>) are matched whole but kept in the text, as HF (they are its added
+            # tokens that are not special) and llama.cpp print them: a tool-call parser reads them.
+            backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                        for t, ty in zip(tokens, types) if ty == _TOKEN_TYPE_CONTROL])
+            backend.add_tokens([AddedToken(t, special=False, normalized=False)
+                                for t, ty in zip(tokens, types) if ty == _TOKEN_TYPE_USER_DEFINED])
         else:
             backend = _sentencepiece_bpe(fields, tokens, types, path)
             # Control tokens (<bos>, <start_of_turn>) are special; user-defined ones (Gemma's runs of
@@ -248,17 +258,41 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: Optional[list[dict]] = None) -> str:
+        """The conversation as the template renders it, in HF transformers' environment: its tojson
+        (no HTML escaping, keys in order), raise_exception and strftime_now. tools: OpenAI's function
+        schemas, for a template that lists them (ValueError where it does not read `tools`)."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use generate() with a plain prompt")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined)
+        if tools and not self.takes_tools:
+            raise ValueError("this model's chat template takes no tools")
+        return self._template().render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                       tools=tools or None, **self.special_tokens)
 
-        def raise_exception(msg):
-            raise jinja2.exceptions.TemplateError(msg)
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the chat template reads `tools` (Qwen2.5's, Llama 3.1's), as ollama decides a model's tool support."""
+        if not self.chat_template:
+            return False
+        env = self._template().environment
+        return "tools" in jinja2.meta.find_undeclared_variables(env.parse(self.chat_template))
 
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens)
+    def _template(self) -> jinja2.Template:
+        if self._compiled is None or self._compiled[0] != self.chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.Undefined)
+
+            def raise_exception(msg):
+                raise jinja2.exceptions.TemplateError(msg)
+
+            def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+            env.globals.update(raise_exception=raise_exception,
+                               strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
+            env.filters["tojson"] = tojson
+            self._compiled = (self.chat_template, env.from_string(self.chat_template))
+        return self._compiled[1]
 
 
 class IncrementalDetokenizer:

@@ -23,8 +23,8 @@ class ChoiceFormat(Protocol):
     delta_key: str  # the body's key in a streamed choice ("text", "delta")
     message_key: str  # ... and in a whole one ("text", "message")
 
-    def delta(self, d: StreamDelta, first: bool) -> Any:
-        """A streamed choice's body; falsy when the delta has nothing of its own to send."""
+    def delta(self, c: int, d: StreamDelta, first: bool) -> Any:
+        """Choice c's streamed body; falsy when the delta has nothing of its own to send."""
 
     def logprobs(self, d: StreamDelta, offset: int) -> Optional[dict]:
         """The delta's logprobs (None if not asked); offset: the choice's text length before it."""
@@ -32,8 +32,11 @@ class ChoiceFormat(Protocol):
     def start(self) -> Any:
         """An empty whole choice's body."""
 
-    def extend(self, choice: dict, d: StreamDelta, lp: Optional[dict]) -> None:
-        """Fold the delta's text and logprobs (from logprobs()) into a whole choice."""
+    def extend(self, c: int, choice: dict, d: StreamDelta, lp: Optional[dict]) -> None:
+        """Fold the delta's text and logprobs (from logprobs()) into whole choice c."""
+
+    def finish_reason(self, c: int, d: StreamDelta) -> Optional[str]:
+        """Choice c's finish reason, given its last delta (chat's "tool_calls" for an answer of calls)."""
 
 
 class Choices:
@@ -68,11 +71,11 @@ class Choices:
         """Streaming: the delta's choice object, or None when it carries nothing a client would see."""
         c = self.index(prompt, d)
         first, offset = self._see(c, d)
-        body = self.fmt.delta(d, first)
+        body = self.fmt.delta(c, d, first)
         lp = self.fmt.logprobs(d, offset)
         extra = self._origins(c, d)  # every delta, sent or not: its tokens move the detokenizer on
         if body or d.finished or lp is not None or extra.get("origins"):
-            return {"index": c, self.fmt.delta_key: body, "logprobs": lp, "finish_reason": d.finish_reason,
+            return {"index": c, self.fmt.delta_key: body, "logprobs": lp, "finish_reason": self.fmt.finish_reason(c, d),
                     "stop_reason": d.stop_reason, **extra}
         return None
 
@@ -84,9 +87,9 @@ class Choices:
         if ch is None:
             ch = self._whole[c] = {"index": c, self.fmt.message_key: self.fmt.start(), "logprobs": None,
                                    "finish_reason": None, "stop_reason": None}
-        self.fmt.extend(ch, d, self.fmt.logprobs(d, offset))
+        self.fmt.extend(c, ch, d, self.fmt.logprobs(d, offset))
         if d.finished:
-            ch["finish_reason"], ch["stop_reason"] = d.finish_reason, d.stop_reason
+            ch["finish_reason"], ch["stop_reason"] = self.fmt.finish_reason(c, d), d.stop_reason
 
     def choices(self) -> list[dict]:
         """The whole choices by index (samples finish in any order)."""

@@ -2,17 +2,19 @@
 
 Fields follow OpenAI's API; `top_k` and `ignore_eos` are extras, as in vLLM. Unknown fields are
 ignored (clients send `user`, `frequency_penalty` = 0 and the like); values this engine cannot honour
-(penalties other than 0, tools, streaming best_of, chat-only parameters on /v1/completions) get a 400
-that names the parameter.
+(penalties other than 0, OpenAI's deprecated `functions`, streaming best_of, chat-only parameters on
+/v1/completions) get a 400 that names the parameter.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..registry import GUIDED
 from ..types import MAX_TOP_LOGPROBS, SamplingParams
+from .tools import ToolMode, parameters, required_schema
 
 
 class StreamOptions(BaseModel):
@@ -141,11 +143,58 @@ class CompletionRequest(_Common):
         return self.logprobs
 
 
+class FunctionDef(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")  # OpenAI's rule (vLLM allows dots too)
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None  # a JSON Schema
+    strict: Optional[bool] = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Union[str, list[dict[str, Any]], None] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant's calls, as a response gave them
+    tool_call_id: Optional[str] = None  # a tool message: the call it answers
+    name: Optional[str] = None
+
+    def template_dict(self) -> dict:
+        """The message as chat templates read it: a call's arguments as an object, not OpenAI's JSON
+        text (Qwen2.5's template writes them with tojson), as vLLM passes them."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls is not None:
+            calls = []
+            for c in self.tool_calls:
+                fn = c.get("function")
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise ValueError('an assistant\'s tool_calls need {"function": {"name", "arguments"}}')
+                args = fn.get("arguments")
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args)
+                    except json.JSONDecodeError:
+                        raise ValueError(f"the arguments of a call to {fn['name']} are not JSON") from None
+                calls.append({**c, "function": {**fn, "arguments": args}})
+            out["tool_calls"] = calls
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
     def text(self) -> str:
         if self.content is None:
@@ -165,20 +214,25 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: Optional[int] = None
     max_completion_tokens: Optional[int] = None
-    tools: Optional[list[Any]] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: Optional[bool] = None
     functions: Optional[Any] = None  # OpenAI's deprecated form of tools
     function_call: Optional[Any] = None
-    tool_choice: Optional[Any] = None
     response_format: Optional[dict[str, Any]] = None
 
     def unsupported(self) -> Optional[tuple[str, str]]:
-        if self.tools:
-            return "tools are not supported", "tools"
         for name in ("functions", "function_call"):
             if getattr(self, name) is not None:
-                return f"{name} is not supported", name
-        if self.tool_choice not in (None, "none", "auto"):  # without tools, "none" and "auto" both mean no call
-            return "tool_choice is not supported (no tools): only \"none\" or \"auto\"", "tool_choice"
+                return f"{name} is not supported (OpenAI's deprecated form: use tools and tool_choice)", name
+        if not self.tools and self.tool_choice not in (None, "none", "auto"):  # without tools both mean no call
+            return "tool_choice \"required\" or a named function needs tools", "tool_choice"
+        mode = self.tool_mode()
+        if mode is not None and mode.kind == "named" and mode.name not in {t.function.name for t in self.tools}:
+            return f"tool_choice names the function {mode.name!r}, which is not among the tools", "tool_choice"
+        if mode is not None and mode.kind != "auto" and (super().guided() or (self.response_format or {}).get("type", "text") != "text"):
+            return ("tool_choice \"required\" or a named function guides the answer to the call: it cannot be "
+                    "combined with response_format or guided_*"), "tool_choice"
         if self.response_format and self.response_format.get("type", "text") not in ("text", "json_object", "json_schema"):
             return (f"response_format type {self.response_format.get('type')!r} is not supported (text, json_object, json_schema)",
                     "response_format")
@@ -187,9 +241,30 @@ class ChatCompletionRequest(_Common):
     def asked_max_tokens(self) -> Optional[int]:
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
+    def tool_mode(self) -> Optional[ToolMode]:
+        """How the answer relates to the tools (server/tools.py); None without tools or with tool_choice "none"."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        parallel, names = self.parallel_tool_calls is not False, tuple(t.function.name for t in self.tools)
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return ToolMode("named", self.tool_choice.function.name, parallel, names)
+        return ToolMode(self.tool_choice or "auto", None, parallel, names)
+
+    def template_tools(self) -> Optional[list[dict]]:
+        """The tools for the chat template to list (as the client sent them); None with tool_choice "none"."""
+        if self.tool_mode() is None:
+            return None
+        return [t.model_dump(exclude_unset=True) for t in self.tools]
+
     def guided(self) -> dict:
         """response_format {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}
-        as SamplingParams' guided fields (beside the vLLM extras)."""
+        as SamplingParams' guided fields (beside the vLLM extras); tool_choice "required" or a named
+        function as the JSON Schema of the call(s)."""
+        mode = self.tool_mode()
+        if mode is not None and mode.kind == "required":
+            return {"guided_json": required_schema(self.template_tools(), mode.parallel)}
+        if mode is not None and mode.kind == "named":
+            return {"guided_json": parameters(next(t for t in self.template_tools() if t["function"]["name"] == mode.name))}
         out = super().guided()
         kind = (self.response_format or {}).get("type", "text")
         if kind == "json_object":
@@ -228,6 +303,10 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool = True  # a prompt's BOS where the model adds one (a conversation's come from its template)
     add_generation_prompt: bool = True  # the assistant's turn opened, as /v1/chat/completions does
     return_token_strs: bool = False
+    tools: Optional[list[Tool]] = None  # listed by the template, as /v1/chat/completions would
+
+    def template_tools(self) -> Optional[list[dict]]:
+        return [t.model_dump(exclude_unset=True) for t in self.tools] if self.tools else None
 
     def unsupported(self) -> Optional[tuple[str, str]]:
         if (self.prompt is None) == (self.messages is None):

@@ -87,6 +87,9 @@ class Serving:
         except ValueError as e:
             msg = str(e).splitlines()[0]
             field = msg.split(" ", 1)[0].rstrip(":")  # "temperature must be ...": the parameter it names
+            mode = getattr(body, "tool_mode", lambda: None)()
+            if field == "guided_json" and mode is not None and mode.kind != "auto":  # the schema came from the tools
+                msg, field = f"tools: the call's schema (from the functions' parameters) is refused: {msg.split(': ', 1)[-1]}", "tools"
             raise ApiError(400, msg, param=field if field in type(body).model_fields else None) from None
         except EngineDeadError as e:  # no replica of the model left to serve it
             raise unavailable(e) from None
@@ -109,10 +112,20 @@ class Serving:
         return ids, self.make_params(body, ids)
 
     def encode_messages(self, body, add_generation_prompt: bool = True) -> list[int]:
-        """body.messages through the model's chat template (a template's refusal: 400 naming messages)."""
+        """body.messages (and its tools) through the model's chat template (a template's refusal: 400
+        naming messages). Tools the model may call as it likes ("auto") need a template that lists
+        them, as ollama asks; a call guided to its schema ("required", a named one) does not."""
+        llm, tools = self.engine(body), body.template_tools()
+        if tools and not llm.tokenizer.takes_tools:
+            mode = getattr(body, "tool_mode", lambda: None)()
+            if mode is None or mode.kind == "auto":
+                raise ApiError(400, f"the chat template of `{self.name(body)}` takes no tools, so it cannot choose to "
+                                    "call one: give tool_choice \"required\" or a named function (its call is guided "
+                                    "to the schema) or use a model whose template lists tools", param="tools")
+            tools = None
         try:
-            conv = [{"role": m.role, "content": m.text()} for m in body.messages]
-            return self.engine(body).encode_chat(conv, add_generation_prompt)
+            conv = [m.template_dict() for m in body.messages]
+            return llm.encode_chat(conv, add_generation_prompt, tools)
         except ValueError as e:
             raise ApiError(400, f"messages: {str(e).splitlines()[0]}", param="messages") from None
 

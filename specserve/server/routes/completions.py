@@ -24,7 +24,7 @@ class CompletionChoice:
     def __init__(self, token_text: Callable[[int], str]):
         self.token_text = token_text
 
-    def delta(self, d: StreamDelta, first: bool) -> str:
+    def delta(self, c: int, d: StreamDelta, first: bool) -> str:
         return d.text
 
     def logprobs(self, d: StreamDelta, offset: int) -> Optional[dict]:
@@ -41,7 +41,10 @@ class CompletionChoice:
     def start(self) -> str:
         return ""
 
-    def extend(self, choice: dict, d: StreamDelta, lp: Optional[dict]) -> None:
+    def finish_reason(self, c: int, d: StreamDelta) -> Optional[str]:
+        return d.finish_reason
+
+    def extend(self, c: int, choice: dict, d: StreamDelta, lp: Optional[dict]) -> None:
         if lp is not None:
             if choice["logprobs"] is None:
                 choice["logprobs"] = {"tokens": [], "token_logprobs": [], "top_logprobs": [] if lp["top_logprobs"] is not None
