@@ -80,6 +80,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("block_kernel_amx", &block_kernel_amx, "whether this CPU (and OS) gives AMX tiles");
   m.def("gguf_linear", &gguf_linear, "y = x @ dequant(W)^T for W in GGUF's own blocks, segments of several types");
   m.def("gguf_dequantize_rows", &gguf_dequantize_rows, "rows of a GGUF-blocked table as f32 (an embedding lookup)");
+  m.def("gguf_kernel_panels", &gguf_kernel_panels, "whether gguf_linear's AVX2 build runs passes of 16+ rows in panels; pass a bool to switch",
+        py::arg("enable") = py::none());
   m.def("q8_pack", &q8_pack, "regroup a GGUF tensor's blocks for the int8-activation build (16 columns a group)");
   m.def("q8_linear", &q8_linear, "y = x @ W^T with x quantised to 8 bits per 32 values (Int8Weight parts)");
   m.def("q8_reference", &q8_reference, "q8_linear's formula, plainly, over the file's own blocks");

@@ -17,10 +17,20 @@
 
 namespace specserve {
 namespace gguf {
+
+// Whether passes of many rows take columns_panels (a test and bench/gguf_panels_ab.py switch it off to
+// compare with whole columns: the same bits, other speed). Never switch while generating.
+bool& panels_on() {
+  static bool on = true;
+  return on;
+}
+
 namespace {
 
 constexpr int MAX_TILE_ROWS = 8;  // R accumulators + 4 weight vectors + a partial product: 13 registers
 constexpr int64_t GROUP = 16;     // output columns whose weights stay in cache while every row tile reads them
+constexpr int64_t PANEL_ELEMS = 256;  // weights a column runs over before the next (columns_panels): 8 KB of 8 rows
+constexpr int64_t PANEL_MIN_ROWS = 16;  // fewer rows stream the weights (memory-bound): whole columns read them in order
 
 // 32 bytes -> four 8-lane float vectors (elements 0..7, 8..15, 16..23, 24..31), unsigned or signed.
 template <bool SIGNED>
@@ -105,13 +115,13 @@ inline void decode_chunks(const uint8_t* b, Sink&& sink) {
   }
 }
 
+// Blocks [b0, b1) of one output column against R rows, added to acc in block order.
 template <int R, int T>
-void column(const Segment& s, int64_t col, const float* x, int64_t K, float* y, int64_t N, int64_t r0) {
+inline void column_blocks(const Segment& s, int64_t col, const float* x, int64_t K, int64_t r0, int64_t b0,
+                          int64_t b1, __m256 acc[R]) {
   const int elems = block_elems(T), bytes = block_bytes(T);
   const uint8_t* row = s.data + col * s.row_bytes;
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < K / elems; ++b) {
+  for (int64_t b = b0; b < b1; ++b) {
     decode_chunks<T>(row + b * bytes, [&](const __m256 w[4], int c) {
       for (int r = 0; r < R; ++r) {
         const float* xb = x + (r0 + r) * K + b * elems + c;
@@ -123,11 +133,36 @@ void column(const Segment& s, int64_t col, const float* x, int64_t K, float* y, 
       }
     });
   }
+}
+
+template <int R, int T>
+void column(const Segment& s, int64_t col, const float* x, int64_t K, float* y, int64_t N, int64_t r0) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  column_blocks<R, T>(s, col, x, K, r0, 0, K / block_elems(T), acc);
   for (int r = 0; r < R; ++r) y[(r0 + r) * N + s.first + col] = hsum(acc[r]);
+}
+
+// Several rows: the same sums, the loops turned so that the rows' activations stay in L1. Each
+// column runs over a panel of PANEL_ELEMS weights at a time, its R accumulators kept between panels
+// (in acc_store), so each output still adds its chunks in block order and is reduced once at the end:
+// the bits of `column`. Whole columns at once read R rows of K floats per column, which past ~1,000
+// floats a row (8 rows of the 1.5B's 1,536: 48 KB) no longer fit in L1 and come from L2 each time.
+template <int R, int T>
+void columns_panels(const Segment& s, int64_t c0, int64_t c1, const Call& c, int64_t r0) {
+  const int64_t nb = c.K / block_elems(T), panel = std::max<int64_t>(1, PANEL_ELEMS / block_elems(T));
+  __m256 acc_store[GROUP][R];
+  for (int64_t j = 0; j < c1 - c0; ++j)
+    for (int r = 0; r < R; ++r) acc_store[j][r] = _mm256_setzero_ps();
+  for (int64_t p0 = 0; p0 < nb; p0 += panel)
+    for (int64_t col = c0; col < c1; ++col) column_blocks<R, T>(s, col, c.x, c.K, r0, p0, std::min(nb, p0 + panel), acc_store[col - c0]);
+  for (int64_t col = c0; col < c1; ++col)
+    for (int r = 0; r < R; ++r) c.y[(r0 + r) * c.N + s.first + col] = hsum(acc_store[col - c0][r]);
 }
 
 template <int R, int T>
 void columns(const Segment& s, int64_t c0, int64_t c1, const Call& c, int64_t r0) {
+  if (c.M >= PANEL_MIN_ROWS && c.K > PANEL_ELEMS && panels_on()) return columns_panels<R, T>(s, c0, c1, c, r0);
   for (int64_t col = c0; col < c1; ++col) column<R, T>(s, col, c.x, c.K, c.y, c.N, r0);
 }
 
@@ -217,6 +252,11 @@ at::Tensor gguf_linear(at::Tensor x, const std::vector<at::Tensor>& raws, const 
     else gguf::run_avx2(call, n0, n1);
   });
   return y;
+}
+
+bool gguf_kernel_panels(c10::optional<bool> enable) {
+  if (enable) gguf::panels_on() = *enable;
+  return gguf::panels_on();
 }
 
 at::Tensor gguf_dequantize_rows(at::Tensor raw, int64_t type, at::Tensor ids, int64_t K) {

@@ -58,6 +58,7 @@ at::Tensor block_linear(at::Tensor x, const std::vector<at::Tensor>& w);
 // GGUF's own blocks, read in place (gguf_matmul.cpp): raws[i] [N_i, bytes per row] u8 of GGML type types[i].
 at::Tensor gguf_linear(at::Tensor x, const std::vector<at::Tensor>& raws, const std::vector<int64_t>& types);
 at::Tensor gguf_dequantize_rows(at::Tensor raw, int64_t type, at::Tensor ids, int64_t K);
+bool gguf_kernel_panels(c10::optional<bool> enable);  // whether gguf_linear's AVX2 build runs many rows in panels (and switch it)
 // Int8 activations (q8_matmul.cpp): weights regrouped by q8_pack, parts as Int8Weight.parts gives them.
 at::Tensor q8_pack(at::Tensor raw, int64_t type, int64_t K);
 at::Tensor q8_linear(at::Tensor x, const std::vector<at::Tensor>& w);

@@ -163,6 +163,7 @@ class Tokenizer:
         self.special_tokens = special_tokens  # e.g. {"bos_token": "<|im_start|>", "eos_token": ...}
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         self._compiled: Optional[tuple[str, jinja2.Template]] = None  # (the template, compiled)
+        self._takes_tools: Optional[tuple[str, bool]] = None  # (the template, whether it reads tools)
 
     def __getstate__(self):  # a Ray replica sends its tokenizer pickled: the compiled template stays behind
         return {**self.__dict__, "_compiled": None}
@@ -272,11 +273,18 @@ class Tokenizer:
 
     @property
     def takes_tools(self) -> bool:
-        """Whether the chat template reads `tools` (Qwen2.5's, Llama 3.1's), as ollama decides a model's tool support."""
+        """Whether the chat template reads `tools` (Qwen2.5's, Llama 3.1's), as ollama decides a model's
+        tool support (False for a template jinja cannot parse: rendering it says why)."""
         if not self.chat_template:
             return False
-        env = self._template().environment
-        return "tools" in jinja2.meta.find_undeclared_variables(env.parse(self.chat_template))
+        if self._takes_tools is None or self._takes_tools[0] != self.chat_template:
+            try:
+                env = ImmutableSandboxedEnvironment()
+                takes = "tools" in jinja2.meta.find_undeclared_variables(env.parse(self.chat_template))
+            except jinja2.TemplateError:
+                takes = False
+            self._takes_tools = (self.chat_template, takes)
+        return self._takes_tools[1]
 
     def _template(self) -> jinja2.Template:
         if self._compiled is None or self._compiled[0] != self.chat_template:

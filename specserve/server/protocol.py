@@ -251,10 +251,9 @@ class ChatCompletionRequest(_Common):
         return ToolMode(self.tool_choice or "auto", None, parallel, names)
 
     def template_tools(self) -> Optional[list[dict]]:
-        """The tools for the chat template to list (as the client sent them); None with tool_choice "none"."""
-        if self.tool_mode() is None:
-            return None
-        return [t.model_dump(exclude_unset=True) for t in self.tools]
+        """The tools for the chat template to list (as the client sent them), with tool_choice "none"
+        too: the model sees them and calls none, as in OpenAI's API and vLLM's default."""
+        return [t.model_dump(exclude_unset=True) for t in self.tools] if self.tools else None
 
     def guided(self) -> dict:
         """response_format {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}
@@ -311,6 +310,8 @@ class TokenizeRequest(BaseModel):
     def unsupported(self) -> Optional[tuple[str, str]]:
         if (self.prompt is None) == (self.messages is None):
             return "give either prompt or messages", "prompt" if self.prompt is None else "messages"
+        if self.tools and self.messages is None:
+            return "tools are listed by a conversation's chat template: give messages, not prompt", "tools"
         return None
 
 

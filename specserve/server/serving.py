@@ -117,12 +117,14 @@ class Serving:
         them, as ollama asks; a call guided to its schema ("required", a named one) does not."""
         llm, tools = self.engine(body), body.template_tools()
         if tools and not llm.tokenizer.takes_tools:
-            mode = getattr(body, "tool_mode", lambda: None)()
-            if mode is None or mode.kind == "auto":
+            if not isinstance(body, ChatCompletionRequest):  # /tokenize: what would a chat with these tools be?
+                raise ApiError(400, f"the chat template of `{self.name(body)}` takes no tools", param="tools")
+            mode = body.tool_mode()
+            if mode is not None and mode.kind == "auto":
                 raise ApiError(400, f"the chat template of `{self.name(body)}` takes no tools, so it cannot choose to "
                                     "call one: give tool_choice \"required\" or a named function (its call is guided "
                                     "to the schema) or use a model whose template lists tools", param="tools")
-            tools = None
+            tools = None  # "none", or a call guided to its schema: the template goes without them
         try:
             conv = [m.template_dict() for m in body.messages]
             return llm.encode_chat(conv, add_generation_prompt, tools)

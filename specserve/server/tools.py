@@ -8,7 +8,8 @@
   [{"name": one of the tools, "arguments": its parameters}], whatever the model.
 * a named function, {"type": "function", "function": {"name": ...}}: the answer is guided to that
   function's parameters, and it is the one call's arguments.
-* "none": the model is not shown the tools and no call is parsed.
+* "none": the template still lists the tools (vLLM's default; OpenAI's model sees them too), and no
+  call is parsed: the answer is content.
 
 A ToolStream turns one choice's text, delta by delta, into what the client sees: content that cannot
 be part of a call, and the calls, streamed in OpenAI's chunk form (an entry with index, id, type, name

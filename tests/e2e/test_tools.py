@@ -126,6 +126,7 @@ def test_tool_choice_none_is_a_plain_answer_and_a_past_call_renders(embedded, em
         {"function": {"name": "add", "arguments": "{not json"}}]}]), "messages"),
 ])
 def test_tool_requests_this_server_cannot_honour_are_400s_naming_why(embedded, body, param):
+    """The chat endpoint's refusals; /tokenize's are in test_tokenize_counts_a_conversation_with_its_tools."""
     client, model = embedded
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=model, max_tokens=4, **{"messages": ASK, **body})
@@ -166,17 +167,42 @@ def test_qwen_template_renders_tools_and_calls_as_hf_transformers_does(qwen):
 
 def test_qwen_calls_a_tool_and_answers_from_its_result(qwen):
     client, llm, model = qwen
-    want = llm.chat(ASK, SamplingParams(temperature=0, max_tokens=64), tools=TOOLS)[0].outputs[0]
-    got = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=64, temperature=0)
+    want = llm.chat(ASK, SamplingParams(temperature=0, max_tokens=40), tools=TOOLS)[0].outputs[0]
+    got = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=40, temperature=0)
     msg = got.choices[0].message
     content, calls = parse_hermes(want.text, ("get_weather", "add"))
     assert _calls(msg) == [(n, json.loads(a)) for n, a in calls] and (msg.content or "") == content
     assert _calls(msg)[0][0] == "get_weather" and _calls(msg)[0][1]["city"] == "Paris"
     assert got.choices[0].finish_reason == "tool_calls" and got.usage.completion_tokens == len(want.token_ids)
-    stream = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=64, temperature=0,
+    stream = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=40, temperature=0,
                                             stream=True)
     assert _streamed(stream) == (msg.content or "", _calls(msg), "tool_calls")
+    none = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=40, temperature=0)
+    assert not none.choices[0].message.tool_calls and none.choices[0].message.content == want.text  # listed, not parsed
+    assert none.usage.prompt_tokens == got.usage.prompt_tokens == len(llm.tokenizer.encode(
+        llm.tokenizer.apply_chat_template(ASK, tools=TOOLS), add_special_tokens=False))
     past = ASK + [msg.model_dump(exclude_none=True),
                   {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": '{"sky": "sunny", "temperature": 21}'}]
     answer = client.chat.completions.create(model=model, messages=past, tools=TOOLS, max_tokens=48, temperature=0)
     assert not answer.choices[0].message.tool_calls and "21" in answer.choices[0].message.content
+
+
+def test_tokenize_counts_a_conversation_with_its_tools(qwen, embedded):
+    """/tokenize (vLLM's) with tools: the prompt tokens the chat endpoint reports for them; a template
+    that takes none, or a bare prompt with tools, is a 400 naming tools."""
+    import http.client
+    client, llm, model = qwen
+
+    def tokenize(c, body):
+        conn = http.client.HTTPConnection("127.0.0.1", c.base_url.port, timeout=60)
+        conn.request("POST", "/tokenize", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        out = r.status, json.loads(r.read())
+        conn.close()
+        return out
+    got = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=1, temperature=0)
+    status, body = tokenize(client, {"messages": ASK, "tools": TOOLS})
+    assert status == 200 and body["count"] == got.usage.prompt_tokens > tokenize(client, {"messages": ASK})[1]["count"]
+    for c, body in ((embedded[0], {"messages": ASK, "tools": TOOLS}), (client, {"prompt": "hi", "tools": TOOLS})):
+        status, err = tokenize(c, body)
+        assert status == 400 and err["error"]["param"] == "tools", err

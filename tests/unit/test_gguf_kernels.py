@@ -77,6 +77,30 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(type_name, build):
     assert torch.equal(gw.matmul(x[5:13].clone()), full[5:13])
 
 
+@pytest.mark.parametrize("type_name", TYPES)
+def test_panels_give_the_bits_of_whole_columns(type_name):
+    """Passes of 16+ rows run each column a panel of 256 weights at a time (the AVX2 build's
+    columns_panels), keeping the accumulators between panels: the same sums in the same order as the
+    whole-column loop, so the same bits, at widths of one panel, several, and a last partial one."""
+    ext = kernels.ext()
+    before = ext.block_kernel_avx512()
+    try:
+        ext.block_kernel_avx512(False)
+        for k in [512, 4864] if BLOCK_LAYOUT[type_name][0] == 256 else [288, 896, 4864]:
+            gw = kernels.GgufWeight([weight(type_name, 35, k)])
+            x = torch.randn(21, k)
+            assert ext.gguf_kernel_panels()
+            fast = gw.matmul(x)
+            ext.gguf_kernel_panels(False)
+            try:
+                whole = gw.matmul(x)
+            finally:
+                ext.gguf_kernel_panels(True)
+            assert torch.equal(fast, whole), (type_name, k)
+    finally:
+        ext.block_kernel_avx512(before)
+
+
 def test_mixed_segments_stack_their_products(build):
     """q, k and v of a Q4_K_M layer differ in type (Q4_K, Q4_K, Q6_K): one call over the segments gives,
     bit for bit, each segment's own product side by side."""
