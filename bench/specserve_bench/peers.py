@@ -88,6 +88,12 @@ def _in_child(fn, *args):
     return None
 
 
+def llama_cpp_prefill(gguf_path: str, threads: Optional[int], ids: list[int], repeats: int = 3) -> Optional[float]:
+    """Seconds of llama.cpp's prefill of ids (its own batching, n_batch 512, logits of the last row
+    only): the fastest of `repeats`, the cache cleared before each. None when it failed."""
+    return _in_child(_llama_cpp_prefill_child, gguf_path, threads, ids, repeats)
+
+
 def _load_llama_cpp(gguf_path: str, threads: Optional[int], extra_bufts: bool, **kw):
     import llama_cpp
     from llama_cpp import Llama
@@ -113,6 +119,20 @@ def _llama_cpp_child(gguf_path: str, threads: Optional[int], prompts: list[list[
     for r in runs:  # this child process is llama.cpp alone: its load time (imports excluded) and peak RSS
         r.update(load_s=load_s, peak_rss_mb=peak_rss_mb())
     return runs
+
+
+def _llama_cpp_prefill_child(gguf_path: str, threads: Optional[int], ids: list[int], repeats: int,
+                             extra_bufts: bool) -> float:
+    llm = _load_llama_cpp(gguf_path, threads, extra_bufts, n_ctx=len(ids) + 16, n_batch=512)
+    llm.eval(ids[:32])  # warm-up: its first evaluation sets up buffers
+    best = float("inf")
+    for _ in range(repeats):
+        llm.reset()
+        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def _llama_cpp_passes_child(gguf_path: str, threads: Optional[int], rows: tuple[int, ...], context: int,
