@@ -3,7 +3,9 @@
 * "auto" (the default once tools are given): the chat template lists the tools and the model writes
   its calls in its own format. Hermes-style blocks, `<tool_call>{"name": ..., "arguments": {...}}
   </tool_call>` (Qwen2.5, Hermes, and the models trained on their data), are parsed out of the text
-  (vLLM's hermes parser). If any block is not such a call, the whole text stays the content.
+  (vLLM's hermes parser), and so is an answer that is nothing but call objects naming the given tools,
+  untagged (llama.cpp's parser reads those too; Qwen2.5-Coder-0.5B writes its calls so). If any block
+  is not such a call, the whole text stays the content.
 * "required": the answer is guided (guided generation's JSON Schema) to a list of one or more calls,
   [{"name": one of the tools, "arguments": its parameters}], whatever the model.
 * a named function, {"type": "function", "function": {"name": ...}}: the answer is guided to that
