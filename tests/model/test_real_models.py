@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from specserve import LLM, SamplingParams
-from specserve.loading.pull import RegistryUnreachable, pull
 from specserve_bench.humaneval import humaneval_prompts
 
 transformers = pytest.importorskip("transformers")
@@ -22,18 +21,11 @@ NEW_TOKENS = 64
 NEAR_TIE = 2e-3
 
 
-def pulled(name: str) -> str:
-    try:
-        return pull(name, progress=False)
-    except RegistryUnreachable as e:
-        pytest.skip(f"{name}: {e}")
-
-
 # The 1.5B against HF fp32 (~300 ms a token there) is the longest test of all: `make test-all` runs it,
 # CI's `make test` the 0.5B (the same architecture and tokenizer, all four block types of the mix) and Gemma 3.
 @pytest.fixture(scope="module", params=["qwen2.5-coder-0.5b", pytest.param("qwen2.5-coder-1.5b", marks=pytest.mark.full),
                                         "gemma-3-270m"])
-def pair(request):
+def pair(request, pulled):
     path = pulled(request.param)
     llm = LLM(path, kv_cache_gib=0.25, prefill_chunk=None)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
@@ -96,7 +88,7 @@ def assert_greedy_matches(name, llm, hf, prompts, new_tokens):
             f"{top2.indices.tolist()} = {top2.values.tolist()} (gap {gap:.2e}, not an fp32 near-tie)")
 
 
-def test_a_known_model_is_served_under_the_name_asked_for():
+def test_a_known_model_is_served_under_the_name_asked_for(pulled):
     """As vLLM serves `--model`'s argument: clients send model="qwen2.5-coder-0.5b", not the file's name."""
     from specserve.engine.async_llm import AsyncLLM
     path = pulled("qwen2.5-coder-0.5b")
@@ -112,7 +104,7 @@ TOKENIZER_TEXTS = ["Hello  world\n\tx = 1 # ünïcode 😀 日本語", "  leadin
                    "<start_of_turn>user\nhi<end_of_turn>\n", "naïve café", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ☃", "trailing   ", "\t\t\ttabs"]
 
 
-def test_sentencepiece_vocabulary_matches_llama_cpp_and_hf():
+def test_sentencepiece_vocabulary_matches_llama_cpp_and_hf(pulled):
     """Gemma's SentencePiece vocabulary (no merges in the file) against llama.cpp's SPM tokenizer
     where it is installed, and HF's GGUF tokenizer (which agrees with llama.cpp on these texts; on
     runs of more than 31 spaces HF splits differently, and we follow llama.cpp)."""

@@ -24,20 +24,12 @@ import torch
 
 from specserve import LLM, SamplingParams
 from specserve.drafters import staged
-from specserve.loading.pull import RegistryUnreachable, pull
 
 pytestmark = pytest.mark.full
 
 SAMPLES = 2000
 PROMPT = "Words: apple, river, stone, cloud, apple, stone, river, cloud, stone, apple, cloud, river, apple,"
 KW = dict(kv_cache_gib=0.5, max_num_seqs=32, activations="int8")
-
-
-def pulled(name: str) -> str:
-    try:
-        return pull(name, progress=False)
-    except RegistryUnreachable as e:
-        pytest.skip(f"{name}: {e}")
 
 
 def chi_square(a: collections.Counter, b: collections.Counter, min_expected: float = 5.0) -> tuple[float, int, float]:
@@ -73,7 +65,7 @@ def first_three(llm: LLM, max_tokens: int) -> collections.Counter:
     return collections.Counter(tuple(o.outputs[0].token_ids[:3]) for o in llm.generate([PROMPT] * SAMPLES, params))
 
 
-def test_staged_sampling_on_the_real_pair_has_regular_decodings_distribution(monkeypatch):
+def test_staged_sampling_on_the_real_pair_has_regular_decodings_distribution(monkeypatch, pulled):
     target, draft = pulled("qwen2.5-coder-1.5b"), pulled("qwen2.5-coder-0.5b")
     llm = LLM(target, **KW)
     regular = first_three(llm, 3)  # the first 3 tokens do not depend on max_tokens
@@ -122,7 +114,7 @@ def test_every_method_on_the_real_pair_gives_regular_decodings_tokens_at_batch_1
 
 
 @pytest.fixture(scope="module")
-def pair_reference():
+def pair_reference(pulled):
     from specserve_bench.humaneval import humaneval_problems
     from specserve_bench.spec import chat_prompt
     target, draft = pulled("qwen2.5-coder-1.5b"), pulled("qwen2.5-coder-0.5b")
