@@ -71,6 +71,18 @@ class SamplingParams:
     # before greedy choice, sampling and verification of drafts (so speculation stays lossless against
     # the biased distribution; log-probabilities are of it too, as with the guided masks).
     logit_bias: Optional[dict[int, float]] = None
+    # Penalties on tokens already there, as vLLM applies them (after logit_bias, before temperature),
+    # to every logits row, a verify span's rows each with the draft tokens before it counted (so
+    # speculation stays lossless): repetition_penalty divides a seen token's positive logit and
+    # multiplies a negative one (HF transformers' and vLLM's, the prompt's tokens counted too);
+    # presence_penalty subtracts once per token the output holds, frequency_penalty once per
+    # occurrence (OpenAI's, the output's tokens only).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # min_p (vLLM's, llama.cpp's): after temperature, tokens less likely than min_p times the likeliest
+    # are dropped before top-k and top-p. No effect on greedy choice.
+    min_p: float = 0.0
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -138,6 +150,14 @@ class SamplingParams:
                 not isinstance(self.logit_bias, dict) or not all(_is_int(t) and t >= 0 for t in self.logit_bias)
                 or not all(_is_real(v) and -100 <= v <= 100 for v in self.logit_bias.values())):
             raise ValueError(f"logit_bias must map token ids (integers >= 0) to numbers in [-100, 100], got {self.logit_bias!r}"[:300])
+        for k in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, k)
+            if not _is_real(v) or not -2 <= v <= 2:
+                raise ValueError(f"{k} must be a number in [-2, 2], got {v!r}")
+        if not _is_real(self.repetition_penalty) or not 0 < self.repetition_penalty < float("inf"):
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1: off), got {self.repetition_penalty!r}")
+        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
 
     def _guided_set(self) -> list[tuple[str, Any]]:
         """(kind, value) of each guided_<kind> field set, kinds as registry.GUIDED lists them (unset: None,
@@ -178,6 +198,11 @@ class SamplingParams:
     @property
     def num_top_logprobs(self) -> int:
         return 0 if isinstance(self.logprobs, bool) else int(self.logprobs)
+
+    @property
+    def penalized(self) -> bool:
+        """Some penalty is on: each logits row depends on the tokens before it (sampling/penalties.py)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
 
     @property
     def greedy(self) -> bool:

@@ -35,6 +35,8 @@ positive_int = _checked(int, lambda v: v >= 1, "an integer >= 1")
 top_p = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 temperature = _checked(float, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
 positive_float = _checked(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
+unit = _checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+penalty = _checked(float, lambda v: -2 <= v <= 2, "a number in [-2, 2]")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -47,6 +49,21 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling's mass (default: 1.0, off)")
     p.add_argument("--top-k", type=int, default=-1, help="sample among the k likeliest tokens (default: -1, off; 0 too)")
     p.add_argument("--seed", type=int, default=None, help="the samples' seed: the same seed, the same output")
+    p.add_argument("--min-p", type=unit, default=0.0,
+                   help="drop tokens less likely than this times the likeliest (default: 0, off)")
+    p.add_argument("--repetition-penalty", type=positive_float, default=1.0,
+                   help="divide a seen token's positive logit by this, multiply a negative one (default: 1, off)")
+    p.add_argument("--presence-penalty", type=penalty, default=0.0,
+                   help="subtract this from the logit of each token the output holds (default: 0)")
+    p.add_argument("--frequency-penalty", type=penalty, default=0.0,
+                   help="subtract this times a token's count in the output (default: 0)")
+
+
+def sampling_kwargs(args) -> dict:
+    """add_sampling_args's flags as SamplingParams keyword arguments."""
+    names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "min_p", "repetition_penalty",
+             "presence_penalty", "frequency_penalty")
+    return {k: getattr(args, k) for k in names}
 
 
 def model_path(s: str) -> str:

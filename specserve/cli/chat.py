@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Iterator, Optional, TextIO
 
-from .args import add_sampling_args
+from .args import add_sampling_args, sampling_kwargs
 
 HELP = ("/bye leaves (Ctrl-D too), /clear forgets the conversation, /system TEXT sets the system prompt and clears, "
         '""" starts and ends a message of several lines; Ctrl-C stops an answer')
@@ -65,8 +65,7 @@ def cmd_chat(args, llm_kwargs: dict, stdin: TextIO = sys.stdin, stdout: TextIO =
     from ..types import SamplingParams
 
     llm = LLM(**llm_kwargs)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed)
+    params = SamplingParams(**sampling_kwargs(args))
     system = args.system
     history: list[dict] = []
     tty = stdin.isatty()

@@ -11,7 +11,7 @@ import time
 import warnings
 
 from ..registry import MODELS
-from .args import Parser, add_sampling_args, model_path, positive_int
+from .args import Parser, add_sampling_args, model_path, positive_int, sampling_kwargs
 from .engine_args import add_guided_args, add_model_args, add_spec_args, guided_from_args, llm_kwargs, spec_from_args
 
 
@@ -99,8 +99,7 @@ def cmd_generate(args) -> int:
     from ..engine.llm import LLM
     from ..types import SamplingParams
 
-    params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos,
+    params = SamplingParams(n=args.n, **sampling_kwargs(args), stop=args.stop, ignore_eos=args.ignore_eos,
                             best_of=args.best_of, best_of_deadline_s=args.best_of_deadline_s, **guided_from_args(args))
     llm = LLM(**llm_kwargs(args, speculative=spec_from_args(args)))
     pieces: dict[int, list[str]] = {}

@@ -19,6 +19,7 @@ from ..loading import IncrementalDetokenizer, load_model_files
 from ..loading.validate import validate_loaded
 from ..models import build_model
 from ..sampling.bias import add_logit_bias
+from ..sampling.penalties import PenaltySpan, apply_penalties
 from ..sampling.sampler import make_generator, sample, token_logprobs
 from ..scheduler.scheduler import ScheduledRequest, Scheduler
 from ..speculative import Calibrator, Observed, SpeculativeDecoder, StepResult, VerifiedDraft, calibrate, make_policy, measure_prefill_chunk
@@ -277,6 +278,11 @@ class LLMEngine:
                   if rows.logits is not None and s.request.params.logit_bias]
         if biased:  # every row, a verify span's too: drafts are verified against the biased distribution
             add_logit_bias(out.logits, biased)
+        penalised = [PenaltySpan(rows.logits.start, r.params, r.prompt_token_ids, r.output_token_ids,
+                                 s.draft.paths() if s.num_draft_tokens else ())
+                     for s, rows in out if rows.logits is not None and (r := s.request).params.penalized]
+        if penalised:  # each row with the draft tokens before it counted (sampling/penalties.py)
+            apply_penalties(out.logits, penalised)
         verified: dict[str, Verified] = {}  # by request id
         if verifiers:
             reqs = [s.request for s, _ in verifiers]

@@ -101,7 +101,7 @@ class RoundsDriver:
             return None
         for r in running:
             p = r.params
-            if (not r.past_prompt or r.num_computed_tokens != r.num_tokens - 1 or not p.greedy or p.logit_bias
+            if (not r.past_prompt or r.num_computed_tokens != r.num_tokens - 1 or not p.greedy or p.logit_bias or p.penalized
                     or p.needs_logprobs or p.speculative is False or engine._guide(r) is not None):
                 return None
         d = self.drafter

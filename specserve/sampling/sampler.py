@@ -11,9 +11,12 @@ from ..types import SamplingParams
 
 
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """logits [N, vocab] -> probabilities after temperature, top-k and top-p (one request's params).
-    Speculative decoding warps target and draft distributions through this same function."""
+    """logits [N, vocab] -> probabilities after temperature, min-p, top-k and top-p (one request's params,
+    in vLLM's order). Speculative decoding warps target and draft distributions through this same function."""
     logits = logits / params.temperature
+    if params.min_p > 0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < params.min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
     if params.top_k and params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

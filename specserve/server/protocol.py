@@ -1,9 +1,9 @@
 """The OpenAI request bodies the server takes (pydantic), and their mapping onto SamplingParams.
 
-Fields follow OpenAI's API; `top_k` and `ignore_eos` are extras, as in vLLM. Unknown fields are
-ignored (clients send `user`, `frequency_penalty` = 0 and the like); values this engine cannot honour
-(penalties other than 0, OpenAI's deprecated `functions`, streaming best_of, chat-only parameters on
-/v1/completions) get a 400 that names the parameter.
+Fields follow OpenAI's API; `top_k`, `min_p`, `repetition_penalty` and `ignore_eos` are extras, as in
+vLLM. Unknown fields are ignored (clients send `user` and the like); values this engine cannot honour
+(OpenAI's deprecated `functions`, streaming best_of, chat-only parameters on /v1/completions) get a 400
+that names the parameter.
 """
 from __future__ import annotations
 
@@ -36,8 +36,10 @@ class _Common(BaseModel):
     stream_options: Optional[StreamOptions] = None
     ignore_eos: bool = False  # extra (vLLM)
     speculative: Optional[bool] = None  # extra: false = never draft for this request (same tokens either way)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None  # extra (vLLM)
+    min_p: Optional[float] = None  # extra (vLLM)
     logit_bias: Optional[dict[str, float]] = None  # {"token id": bias in [-100, 100]}, added to the logits
     # guided generation, extras as in vLLM (the chat endpoint's response_format maps onto these)
     guided_json: Union[dict[str, Any], str, None] = None
@@ -55,9 +57,6 @@ class _Common(BaseModel):
 
     def unsupported(self) -> Optional[tuple[str, str]]:
         """(one-line reason, the parameter) for a value this engine cannot honour, else None."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                return f"{name} is not supported (only 0)", name
         if self.stream_options is not None and not self.stream:  # as OpenAI and vLLM
             return "stream_options is only allowed when stream is true", "stream_options"
         if self.stream and (self.best_of is not None or self.best_of_deadline_s is not None):
@@ -88,7 +87,12 @@ class _Common(BaseModel):
             max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens, seed=self.seed,
             stop=self.stop, ignore_eos=self.ignore_eos, logprobs=logprobs, speculative=self.speculative,
             best_of=self.best_of, best_of_deadline_s=self.best_of_deadline_s, logit_bias=self.token_biases(),
-            prompt_logprobs=self.prompt_logprobs_param(), **self.guided())
+            prompt_logprobs=self.prompt_logprobs_param(), **self.penalties(), **self.guided())
+
+    def penalties(self) -> dict:
+        """presence_penalty, frequency_penalty, repetition_penalty and min_p where set (null: the default)."""
+        fields = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+        return {k: getattr(self, k) for k in fields if getattr(self, k) is not None}
 
     def prompt_logprobs_param(self) -> Optional[int]:
         """SamplingParams.prompt_logprobs: scored prompts only where the response shows them (echo)."""

@@ -41,3 +41,22 @@ def test_logit_bias_is_lossless_under_speculation(embedded_llm, method):
     got = spec.generate(prompt, greedy)[0].outputs[0]
     assert got.token_ids == want
     assert spec.spec_stats()["accepted"] > 0
+
+
+PENALTIES = dict(repetition_penalty=1.3, presence_penalty=0.6, frequency_penalty=0.4)
+
+
+@pytest.mark.parametrize("spec", [dict(method="lookup+draft"), dict(method="draft", policy="bass", shape="tree")],
+                         ids=["lookup+draft-chain", "eagle-tree"])
+def test_penalties_are_lossless_under_speculation(embedded_llm, spec):
+    """Each row of a verify span is penalised for the draft tokens on its path (a tree's rows for their
+    own branch): greedy output with penalties equals regular decoding's with them, in a batch of three,
+    and drafts were accepted."""
+    prompts = ["def fibonacci(n):\n    ", "Write a short poem about the sea.\n", "import numpy as np\n\ndef mean(xs):\n"]
+    plain = [o.outputs[0].token_ids for o in embedded_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40))]
+    greedy = SamplingParams(temperature=0, max_tokens=40, **PENALTIES)
+    want = [o.outputs[0].token_ids for o in embedded_llm.generate(prompts, greedy)]
+    assert all(w != p for w, p in zip(want, plain))  # the penalties changed every answer
+    llm = LLM(speculative=dict(spec, fallback=False), kv_cache_gib=0.25)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)] == want
+    assert llm.spec_stats()["accepted"] > 0

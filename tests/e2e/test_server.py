@@ -93,6 +93,21 @@ def test_n_samples_with_a_seed_repeat_and_equal_llm_generate(server, client, emb
     assert sorted(c.index for c in got.choices) == [0, 1, 2, 3]
 
 
+def test_penalties_and_min_p_equal_llm_generate(server, client, embedded_llm):
+    """OpenAI's presence / frequency penalties and vLLM's repetition_penalty / min_p extras reach the
+    engine: the answer is LLM.generate's with the same SamplingParams (seeded samples, and greedy)."""
+    pen = dict(presence_penalty=0.6, frequency_penalty=0.4)
+    extra = dict(repetition_penalty=1.3, min_p=0.1)
+    for t in (0.9, 0):
+        params = SamplingParams(n=2, temperature=t, seed=5, max_tokens=24, **pen, **extra)
+        want = [o.text for o in embedded_llm.generate(PROMPTS[0], params)[0].outputs]
+        got = client.completions.create(model=server["model"], prompt=PROMPTS[0], n=2, temperature=t, seed=5, max_tokens=24,
+                                        **pen, extra_body=extra)
+        assert [c.text for c in sorted(got.choices, key=lambda c: c.index)] == want
+    plain = embedded_llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=24))[0].outputs[0].text
+    assert want[0] != plain
+
+
 def test_best_of_and_a_time_budget_answer_as_llm_generate_does(server, client, embedded_llm):
     params = SamplingParams(n=2, best_of=4, temperature=1.0, seed=9, max_tokens=16)
     want = [o.text for o in embedded_llm.generate(PROMPTS[1], params)[0].outputs]
@@ -216,7 +231,7 @@ def test_errors_are_openai_error_objects_with_the_right_status(server, case):
         "body too big": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x" * 100_000}),
         "unknown route": lambda: raw(server, "GET", "/v1/nothing"),
         "empty messages": lambda: raw(server, "POST", "/v1/chat/completions", {"model": m, "messages": []}),
-        "penalty": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "presence_penalty": 1}),
+        "penalty": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "presence_penalty": 3}),
         "bad schema": lambda: raw(server, "POST", "/v1/chat/completions", {
             "model": m, "messages": [{"role": "user", "content": "x"}],
             "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "integer", "minimum": 5,
@@ -344,7 +359,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40
                            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=6)
 FIELDS = ["prompt", "messages", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream", "logprobs",
           "top_logprobs", "stream_options", "ignore_eos", "echo", "best_of", "model", "tokens", "add_special_tokens",
-          "tools", "tool_choice", "parallel_tool_calls"]
+          "tools", "tool_choice", "parallel_tool_calls", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"]
 # lengths stay short (a fuzzed 2**40 would be a valid, hours-long request, not a malformed one)
 lengths = st.one_of(st.integers(-3, 6), st.floats(-2, 6), st.text(max_size=3), st.booleans(), st.lists(st.integers(), max_size=2))
 bodies = st.fixed_dictionaries({}, optional={**{f: json_values for f in FIELDS}, "max_tokens": lengths,

@@ -76,3 +76,32 @@ def test_greedy_matches_hf_generate(embedded_llm, hf_model):
         with torch.no_grad():
             ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False)[0, len(ids):].tolist()
         assert out.outputs[0].token_ids == ref
+
+
+class OpenAIPenalties(transformers.LogitsProcessor):
+    """OpenAI's presence and frequency penalties over the generated tokens only (the reference)."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float):
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids, scores):
+        counts = torch.zeros_like(scores)
+        counts.scatter_add_(1, input_ids[:, self.prompt_len:], torch.ones_like(input_ids[:, self.prompt_len:], dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
+@pytest.mark.parametrize("penalties", [dict(repetition_penalty=1.3), dict(presence_penalty=0.6, frequency_penalty=0.4)])
+def test_penalised_greedy_matches_hf_generate(embedded_llm, hf_model, penalties):
+    """repetition_penalty against HF's own RepetitionPenaltyLogitsProcessor (prompt and output counted),
+    presence and frequency against the formula over the output's tokens."""
+    prompts = humaneval_prompts(3)
+    outs = embedded_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40, **penalties))
+    plain = embedded_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40))
+    for prompt, out, unpenalised in zip(prompts, outs, plain):
+        assert out.outputs[0].token_ids != unpenalised.outputs[0].token_ids  # the penalties change the answer
+        ids = embedded_llm.tokenizer.encode(prompt)
+        kw = dict(repetition_penalty=penalties["repetition_penalty"]) if "repetition_penalty" in penalties else dict(
+            logits_processor=transformers.LogitsProcessorList([OpenAIPenalties(len(ids), 0.6, 0.4)]))
+        with torch.no_grad():
+            ref = hf_model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, **kw)[0, len(ids):].tolist()
+        assert out.outputs[0].token_ids == ref

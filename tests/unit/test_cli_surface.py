@@ -16,7 +16,9 @@ from .cli_surface import surface
 # placement on Ray, issue 38): a flag that vanished, or one added without being named here, still fails.
 ADDED = {"--activations": "activations", "--draft-vocab": "draft_vocab", "--draft-quant": "draft_quant",
          "--cuda-rounds": "cuda_rounds", "--batch-invariant --no-batch-invariant": "batch_invariant",
-         "--placement": "placement", "--ray-address": "ray_address", "--max-model-len": "max_model_len"}
+         "--placement": "placement", "--ray-address": "ray_address", "--max-model-len": "max_model_len",
+         "--min-p": "min_p", "--repetition-penalty": "repetition_penalty", "--presence-penalty": "presence_penalty",
+         "--frequency-penalty": "frequency_penalty"}
 RECORDED = json.loads((pathlib.Path(__file__).parent / "data" / "cli_surface_0ae6532.json").read_text())
 NOW = surface(build_parser)
 
