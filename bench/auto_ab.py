@@ -32,21 +32,29 @@ p.add_argument("--draft-model", default=None, help="the draft model of the metho
 p.add_argument("--activations", default="fp32", choices=["fp32", "int8"])
 p.add_argument("--draft-vocab", type=int, default=0, help="the draft model's head over this many tokens (0: all)")
 p.add_argument("--draft-quant", default="none", help="the draft model's wider weights re-encoded as this GGML type")
+p.add_argument("--repetition-penalty", type=float, default=1.0, help="every request's (1: off; ollama's default is 1.1)")
+p.add_argument("--presence-penalty", type=float, default=0.0)
+p.add_argument("--frequency-penalty", type=float, default=0.0)
 args = p.parse_args()
+penalties = dict(repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                 frequency_penalty=args.frequency_penalty)
+defaults = dict(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+penalty_flags = "".join(f" --{k.replace('_', '-')} {v}" for k, v in penalties.items() if v != defaults[k])
 common = dict(kv_cache_gib=1.0, max_num_seqs=16, activations=args.activations)
 if args.model:
     common["model"] = args.model
 spec_extra = {"draft_model": args.draft_model} if args.draft_model else {}
 if args.draft_vocab or args.draft_quant != "none":
     spec_extra.update(draft_vocab=args.draft_vocab, draft_quant=args.draft_quant)
-params = SamplingParams(temperature=0, max_tokens=128)
+params = SamplingParams(temperature=0, max_tokens=128, **penalties)
 machine = cpu()
 lines = [f"# The automatic choice vs regular decoding, batch 1-16 ({machine['cpu']}, {', '.join(machine['flags'])})", "",
          f"`python bench/auto_ab.py --methods {args.methods} --batches {args.batches} --sequences {args.sequences} "
          f"--sets '{args.sets}'" + (f" --model {args.model}" if args.model else "")
          + (f" --draft-model {args.draft_model}" if args.draft_model else "")
          + (f" --draft-vocab {args.draft_vocab}" if args.draft_vocab else "")
-         + (f" --draft-quant {args.draft_quant}" if args.draft_quant != "none" else "") + f" --activations {args.activations}`: greedy, "
+         + (f" --draft-quant {args.draft_quant}" if args.draft_quant != "none" else "") + penalty_flags
+         + f" --activations {args.activations}`: greedy{' with those penalties' if penalty_flags else ''}, "
          "128 new tokens, fresh engines per batch size, RD and speculation taking turns batch by batch; "
          f"tok/s ratio with its 95% interval over rounds; below {WITHIN} flagged.", "",
          "| method | prompts | batch | RD tok/s | spec tok/s | ratio | 95% interval | tokens/step | plain / drafting steps | identical |",

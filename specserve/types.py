@@ -62,7 +62,7 @@ class SamplingParams:
     guided_choice: Optional[Sequence[str]] = None
     guided_grammar: Optional[str] = None
     # n-best (OpenAI's best_of; BASS section 4.5's time budget): draw best_of samples (default n) and
-    # answer with the n of highest mean log-probability (raw model distribution), best first; with a
+    # answer with the n of highest mean log-probability (the model's, after logit_bias and penalties), best first; with a
     # deadline, samples still running best_of_deadline_s seconds after arrival stop there and the answer
     # holds those finished by then (if none did, the stopped ones, finish_reason "deadline").
     best_of: Optional[int] = None
@@ -83,6 +83,14 @@ class SamplingParams:
     # min_p (vLLM's, llama.cpp's): after temperature, tokens less likely than min_p times the likeliest
     # are dropped before top-k and top-p. No effect on greedy choice.
     min_p: float = 0.0
+    # vLLM's min_tokens: no EOS and no stop_token_ids before this many output tokens (their logits are
+    # -inf in every row before it, a verify span's rows by their depth), and stop strings are looked
+    # for only past it.
+    min_tokens: int = 0
+    # vLLM's allowed_token_ids: every other token's logit is -inf in every row (None: all allowed).
+    allowed_token_ids: Optional[Sequence[int]] = None
+    # vLLM's include_stop_str_in_output: the stop string that ended the output stays in its text.
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -93,6 +101,8 @@ class SamplingParams:
         if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
             raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
         self.stop_token_ids = list(self.stop_token_ids)
+        if isinstance(self.allowed_token_ids, (list, tuple, set, frozenset, range)):
+            self.allowed_token_ids = list(self.allowed_token_ids)
         self.validate()
 
     def validate(self) -> None:
@@ -143,7 +153,7 @@ class SamplingParams:
         if self.guided_choice is not None and (isinstance(self.guided_choice, str) or not self.guided_choice
                                                or not all(isinstance(c, str) and c for c in self.guided_choice)):
             raise ValueError(f"guided_choice must be a non-empty list of non-empty strings, got {self.guided_choice!r}")
-        for k in ("guided_json_object", "ignore_eos", "skip_special_tokens"):
+        for k in ("guided_json_object", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, k), bool):  # "no" would read as True
                 raise ValueError(f"{k} must be True or False, got {getattr(self, k)!r}")
         if self.logit_bias is not None and (
@@ -158,6 +168,15 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be a finite number > 0 (1: off), got {self.repetition_penalty!r}")
         if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens = {self.max_tokens}], got {self.min_tokens!r}")
+        if self.min_tokens and self._guided_set():  # a complete grammar ends the output with EOS only
+            raise ValueError("min_tokens cannot be combined with guided generation (a complete grammar allows only EOS)")
+        if self.allowed_token_ids is not None and (isinstance(self.allowed_token_ids, (str, bytes, dict))
+                                                   or not hasattr(self.allowed_token_ids, "__iter__")
+                                                   or not self.allowed_token_ids
+                                                   or not all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)):
+            raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {self.allowed_token_ids!r}"[:300])
 
     def _guided_set(self) -> list[tuple[str, Any]]:
         """(kind, value) of each guided_<kind> field set, kinds as registry.GUIDED lists them (unset: None,

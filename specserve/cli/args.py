@@ -57,12 +57,13 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
                    help="subtract this from the logit of each token the output holds (default: 0)")
     p.add_argument("--frequency-penalty", type=penalty, default=0.0,
                    help="subtract this times a token's count in the output (default: 0)")
+    p.add_argument("--min-tokens", type=int, default=0, help="no EOS or stop before this many tokens (default: 0)")
 
 
 def sampling_kwargs(args) -> dict:
     """add_sampling_args's flags as SamplingParams keyword arguments."""
     names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "min_p", "repetition_penalty",
-             "presence_penalty", "frequency_penalty")
+             "presence_penalty", "frequency_penalty", "min_tokens")
     return {k: getattr(args, k) for k in names}
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from ..attention.paged import AttentionMetadata
 from ..kv.block_manager import BlockManager
 from ..kv.cache import KVCache
+from ..sampling.penalties import PenaltySpan, apply_penalties
 from ..sampling.sampler import draw, make_generator, warp_logits
 from ..types import Request
 from .base import Draft
@@ -55,10 +57,14 @@ class DraftPicker:
     def __init__(self, target_vocab: int, device: torch.device, vocab_ids: Optional[torch.Tensor] = None):
         self.target_vocab, self.device, self.vocab_ids = target_vocab, device, vocab_ids
         self.vocab_list = None if vocab_ids is None else vocab_ids.tolist()  # draft id -> target id
+        self.draft_column: Optional[np.ndarray] = None  # target id -> draft id (-1: none), made on first use
         self.generators: dict[str, torch.Generator] = {}
 
-    def pick(self, requests: list[Request], logits: torch.Tensor):
-        """logits [B, V_draft] -> (token ids [B], q rows [B, V_target] or None per request, confidence [B])."""
+    def pick(self, requests: list[Request], logits: torch.Tensor, drafted: Optional[list[list[int]]] = None):
+        """logits [B, V_draft], drafted [B] (each request's draft tokens before these rows) -> (token ids
+        [B], q rows [B, V_target] or None per request, confidence [B])."""
+        if any(r.params.penalized for r in requests):
+            logits = self.penalise(requests, logits.float().clone(), drafted or [[] for _ in requests])
         probs = torch.softmax(logits.float(), dim=-1)
         tokens, qs, conf = [], [], []
         top_p, top = probs.max(-1)
@@ -76,6 +82,28 @@ class DraftPicker:
             qs.append(q)
             conf.append(c)
         return tokens, qs, conf
+
+    def penalise(self, requests: list[Request], logits: torch.Tensor, drafted: list[list[int]]) -> torch.Tensor:
+        """The requests' penalties on the draft logits too, each row's draft tokens so far counted as
+        output: the draft then proposes what the penalised target would choose (with a repetition
+        penalty of 1.1 on code, an unpenalised EAGLE draft's greedy tokens were mostly rejected).
+        Verification does not depend on it (drafts are checked against the target's own rows)."""
+        spans = []
+        for i, (r, d) in enumerate(zip(requests, drafted)):
+            if r.params.penalized:
+                spans.append(PenaltySpan(i, r.params, self.draft_ids(r.prompt_token_ids), self.draft_ids(r.output_token_ids + d)))
+        apply_penalties(logits, spans)
+        return logits
+
+    def draft_ids(self, tokens: list[int]) -> list[int]:
+        """Target ids -> the draft vocabulary's columns (tokens outside it dropped)."""
+        if self.vocab_ids is None:
+            return tokens
+        if self.draft_column is None:
+            self.draft_column = np.full(self.target_vocab, -1, dtype=np.int64)
+            self.draft_column[self.vocab_ids.cpu().numpy()] = np.arange(len(self.vocab_ids))
+        cols = self.draft_column[np.asarray(tokens, dtype=np.int64)]
+        return cols[cols >= 0].tolist()
 
     def generator(self, r: Request) -> torch.Generator:
         """The request's draft generator (seeded from its seed, so that seeded runs repeat)."""
@@ -98,7 +126,7 @@ def autoregressive_drafts(live: list[Request], max_len: int, min_confidence: Opt
     cum = [1.0] * len(live)
     active = list(range(len(live)))
     for j in range(max_len):
-        tokens, qs, conf = picker.pick([live[i] for i in active], logits)
+        tokens, qs, conf = picker.pick([live[i] for i in active], logits, [drafts[live[i].request_id].tokens for i in active])
         still = []
         for row, (i, tok, q, c) in enumerate(zip(active, tokens, qs, conf)):
             d = drafts[live[i].request_id]

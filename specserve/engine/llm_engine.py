@@ -18,7 +18,7 @@ from ..kv.cache import KVCache
 from ..loading import IncrementalDetokenizer, load_model_files
 from ..loading.validate import validate_loaded
 from ..models import build_model
-from ..sampling.bias import add_logit_bias
+from ..sampling.bias import add_logit_bias, keep_allowed
 from ..sampling.penalties import PenaltySpan, apply_penalties
 from ..sampling.sampler import make_generator, sample, token_logprobs
 from ..scheduler.scheduler import ScheduledRequest, Scheduler
@@ -174,6 +174,8 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise ValueError(f"logit_bias token id {max(params.logit_bias)} is not in the vocabulary [0, {vocab})")
+        if params.allowed_token_ids and max(params.allowed_token_ids) >= vocab:
+            raise ValueError(f"allowed_token_ids: token id {max(params.allowed_token_ids)} is not in the vocabulary [0, {vocab})")
         # Admission: one sample's whole sequence (prompt + max_tokens, capped at the context) must fit in
         # the cache, or it would fail midway with its output lost.
         bm = self.scheduler.blocks
@@ -278,9 +280,14 @@ class LLMEngine:
                   if rows.logits is not None and s.request.params.logit_bias]
         if biased:  # every row, a verify span's too: drafts are verified against the biased distribution
             add_logit_bias(out.logits, biased)
-        penalised = [PenaltySpan(rows.logits.start, r.params, r.prompt_token_ids, r.output_token_ids,
-                                 s.draft.paths() if s.num_draft_tokens else ())
-                     for s, rows in out if rows.logits is not None and (r := s.request).params.penalized]
+        allowed = [(rows.logits, s.request.params.allowed_token_ids) for s, rows in out
+                   if rows.logits is not None and s.request.params.allowed_token_ids is not None]
+        if allowed:
+            keep_allowed(out.logits, allowed)
+        penalised = [PenaltySpan(rows.logits.start, p, r.prompt_token_ids, r.output_token_ids,
+                                 s.draft.paths() if s.num_draft_tokens else (), self._stop_ids(p))
+                     for s, rows in out if rows.logits is not None
+                     and ((p := (r := s.request).params).penalized or p.min_tokens > len(r.output_token_ids))]
         if penalised:  # each row with the draft tokens before it counted (sampling/penalties.py)
             apply_penalties(out.logits, penalised)
         verified: dict[str, Verified] = {}  # by request id
@@ -324,6 +331,10 @@ class LLMEngine:
                              len(plan.scheduled), plain_decoding + len(verifiers),
                              plain_decoding + sum(len(v.tokens) for v in verified.values()))
         return expired + results
+
+    def _stop_ids(self, p: SamplingParams) -> list[int]:
+        """The tokens that end an output: what min_tokens holds back."""
+        return ([] if p.ignore_eos else list(self.tokenizer.eos_token_ids)) + list(p.stop_token_ids)
 
     def _guide(self, r: Request):
         live = self._live.get(r.request_id)
@@ -414,12 +425,13 @@ class LLMEngine:
         else:
             old_len = len(r.text)
             r.text += delta
-            for stop in p.stop:
+            for stop in p.stop if len(r.output_token_ids) > p.min_tokens else ():  # vLLM's: none before min_tokens
                 # Only the new text (plus a stop string's length of context) can hold a new match.
                 at = r.text.find(stop, max(0, old_len - len(stop) + 1))
                 if at >= 0:
-                    delta = r.text[old_len:at] if at >= old_len else ""
-                    r.text = r.text[:at]
+                    end = at + len(stop) if p.include_stop_str_in_output else at
+                    delta = r.text[old_len:end] if end >= old_len else ""
+                    r.text = r.text[:end]
                     finish, r.stop_reason = FinishReason.STOP, stop
                     break
             if finish is None and (len(r.output_token_ids) >= p.max_tokens or r.num_tokens >= self.max_model_len):

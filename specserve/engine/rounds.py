@@ -101,8 +101,9 @@ class RoundsDriver:
             return None
         for r in running:
             p = r.params
-            if (not r.past_prompt or r.num_computed_tokens != r.num_tokens - 1 or not p.greedy or p.logit_bias or p.penalized
-                    or p.needs_logprobs or p.speculative is False or engine._guide(r) is not None):
+            if (not r.past_prompt or r.num_computed_tokens != r.num_tokens - 1 or not p.greedy or p.speculative is False
+                    or p.logit_bias or p.penalized or p.min_tokens or p.allowed_token_ids is not None
+                    or p.needs_logprobs or engine._guide(r) is not None):
                 return None
         d = self.drafter
         if d is not None and not all(d._ready(r) and d.num_pending.get(r.request_id, 0) >= 1 for r in running):

@@ -81,7 +81,8 @@ def _draw_cumsum(probs: torch.Tensor, u: torch.Tensor) -> int:
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> tuple[list[float], list[dict[int, float]]]:
-    """logits [R, vocab], tokens [R] -> (each token's log-probability under the raw model distribution,
+    """logits [R, vocab], tokens [R] -> (each token's log-probability under the distribution the rows hold
+    (the model's, after the request's guided mask, logit_bias and penalties where it has them),
     per row the `top` most likely {id: logprob}, most likely first; empty dicts when top is 0)."""
     lp = torch.log_softmax(logits.float(), dim=-1)  # [R, vocab]
     chosen = lp[torch.arange(len(tokens), device=lp.device), torch.tensor(tokens, device=lp.device)].tolist()

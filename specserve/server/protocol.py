@@ -1,9 +1,9 @@
 """The OpenAI request bodies the server takes (pydantic), and their mapping onto SamplingParams.
 
-Fields follow OpenAI's API; `top_k`, `min_p`, `repetition_penalty` and `ignore_eos` are extras, as in
-vLLM. Unknown fields are ignored (clients send `user` and the like); values this engine cannot honour
-(OpenAI's deprecated `functions`, streaming best_of, chat-only parameters on /v1/completions) get a 400
-that names the parameter.
+Fields follow OpenAI's API; `top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `allowed_token_ids`,
+`include_stop_str_in_output` and `ignore_eos` are extras, as in vLLM. Unknown fields are ignored
+(clients send `user` and the like); values this engine cannot honour (OpenAI's deprecated `functions`,
+streaming best_of, chat-only parameters on /v1/completions) get a 400 that names the parameter.
 """
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ from .tools import ToolMode, parameters, required_schema
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+
+
+# Fields passed to SamplingParams as they are, where set.
+SAMPLING_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
+                   "allowed_token_ids", "include_stop_str_in_output")
 
 
 class _Common(BaseModel):
@@ -40,6 +45,9 @@ class _Common(BaseModel):
     frequency_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None  # extra (vLLM)
     min_p: Optional[float] = None  # extra (vLLM)
+    min_tokens: Optional[int] = None  # extra (vLLM)
+    allowed_token_ids: Optional[list[int]] = None  # extra (vLLM)
+    include_stop_str_in_output: Optional[bool] = None  # extra (vLLM)
     logit_bias: Optional[dict[str, float]] = None  # {"token id": bias in [-100, 100]}, added to the logits
     # guided generation, extras as in vLLM (the chat endpoint's response_format maps onto these)
     guided_json: Union[dict[str, Any], str, None] = None
@@ -87,11 +95,10 @@ class _Common(BaseModel):
             max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens, seed=self.seed,
             stop=self.stop, ignore_eos=self.ignore_eos, logprobs=logprobs, speculative=self.speculative,
             best_of=self.best_of, best_of_deadline_s=self.best_of_deadline_s, logit_bias=self.token_biases(),
-            prompt_logprobs=self.prompt_logprobs_param(), **self.penalties(), **self.guided())
+            prompt_logprobs=self.prompt_logprobs_param(), **self.set_fields(SAMPLING_FIELDS), **self.guided())
 
-    def penalties(self) -> dict:
-        """presence_penalty, frequency_penalty, repetition_penalty and min_p where set (null: the default)."""
-        fields = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+    def set_fields(self, fields: tuple[str, ...]) -> dict:
+        """Those of these fields the body sets (null: SamplingParams' default)."""
         return {k: getattr(self, k) for k in fields if getattr(self, k) is not None}
 
     def prompt_logprobs_param(self) -> Optional[int]:

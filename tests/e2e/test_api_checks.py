@@ -60,3 +60,29 @@ def test_penalties_are_lossless_under_speculation(embedded_llm, spec):
     llm = LLM(speculative=dict(spec, fallback=False), kv_cache_gib=0.25)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)] == want
     assert llm.spec_stats()["accepted"] > 0
+
+
+def test_min_tokens_allowed_ids_and_stop_strings_as_vllm_and_lossless_under_speculation(embedded_llm):
+    """min_tokens holds EOS back (in a verify span, by each row's depth); allowed_token_ids keeps every
+    token in the set; include_stop_str_in_output keeps the stop string. Speculation gives the same tokens."""
+    chat = embedded_llm.tokenizer.apply_chat_template([{"role": "user", "content": "Say hi."}], add_generation_prompt=True)
+    short = embedded_llm.generate(chat, SamplingParams(temperature=0, max_tokens=64))[0].outputs[0]
+    assert short.finish_reason == "stop" and len(short.token_ids) < 32  # it ends by EOS early...
+    held = SamplingParams(temperature=0, max_tokens=64, min_tokens=32)
+    want = embedded_llm.generate(chat, held)[0].outputs[0]
+    eos = set(embedded_llm.tokenizer.eos_token_ids)
+    assert len(want.token_ids) >= 32 and not eos & set(want.token_ids[:32])  # ...unless held back
+    assert want.token_ids[:len(short.token_ids) - 1] == short.token_ids[:-1]  # the same answer up to the EOS it would end on
+    code = "def fibonacci(n):\n    "
+    allowed = sorted(set(embedded_llm.generate(code, SamplingParams(temperature=0, max_tokens=40))[0].outputs[0].token_ids))[::2]
+    kept = SamplingParams(temperature=0, max_tokens=30, allowed_token_ids=allowed)
+    want_allowed = embedded_llm.generate(code, kept)[0].outputs[0].token_ids
+    assert set(want_allowed) <= set(allowed)
+    llm = LLM(speculative=dict(method="lookup+draft", fallback=False), kv_cache_gib=0.25)
+    assert llm.generate(chat, held)[0].outputs[0].token_ids == want.token_ids
+    assert llm.generate(code, kept)[0].outputs[0].token_ids == want_allowed
+    assert llm.spec_stats()["accepted"] > 0
+    stop = SamplingParams(temperature=0, max_tokens=40, stop=["\n"])
+    cut, kept_stop = (embedded_llm.generate(code, SamplingParams(**{**vars(stop), "include_stop_str_in_output": k}))[0].outputs[0]
+                      for k in (False, True))
+    assert cut.token_ids == kept_stop.token_ids and kept_stop.text == cut.text + "\n"

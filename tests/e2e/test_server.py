@@ -94,10 +94,12 @@ def test_n_samples_with_a_seed_repeat_and_equal_llm_generate(server, client, emb
 
 
 def test_penalties_and_min_p_equal_llm_generate(server, client, embedded_llm):
-    """OpenAI's presence / frequency penalties and vLLM's repetition_penalty / min_p extras reach the
-    engine: the answer is LLM.generate's with the same SamplingParams (seeded samples, and greedy)."""
-    pen = dict(presence_penalty=0.6, frequency_penalty=0.4)
-    extra = dict(repetition_penalty=1.3, min_p=0.1)
+    """OpenAI's presence / frequency penalties and vLLM's extras (repetition_penalty, min_p, min_tokens,
+    include_stop_str_in_output, allowed_token_ids) reach the engine: the answer is LLM.generate's with
+    the same SamplingParams (seeded samples, and greedy)."""
+    pen = dict(presence_penalty=0.6, frequency_penalty=0.4, stop=["\n"])
+    extra = dict(repetition_penalty=1.3, min_p=0.1, min_tokens=3, include_stop_str_in_output=True,
+                 allowed_token_ids=list(range(2000)))
     for t in (0.9, 0):
         params = SamplingParams(n=2, temperature=t, seed=5, max_tokens=24, **pen, **extra)
         want = [o.text for o in embedded_llm.generate(PROMPTS[0], params)[0].outputs]
@@ -359,7 +361,8 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40
                            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=6)
 FIELDS = ["prompt", "messages", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream", "logprobs",
           "top_logprobs", "stream_options", "ignore_eos", "echo", "best_of", "model", "tokens", "add_special_tokens",
-          "tools", "tool_choice", "parallel_tool_calls", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"]
+          "tools", "tool_choice", "parallel_tool_calls", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
+          "min_tokens", "allowed_token_ids", "include_stop_str_in_output"]
 # lengths stay short (a fuzzed 2**40 would be a valid, hours-long request, not a malformed one)
 lengths = st.one_of(st.integers(-3, 6), st.floats(-2, 6), st.text(max_size=3), st.booleans(), st.lists(st.integers(), max_size=2))
 bodies = st.fixed_dictionaries({}, optional={**{f: json_values for f in FIELDS}, "max_tokens": lengths,

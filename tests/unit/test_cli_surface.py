@@ -18,7 +18,7 @@ ADDED = {"--activations": "activations", "--draft-vocab": "draft_vocab", "--draf
          "--cuda-rounds": "cuda_rounds", "--batch-invariant --no-batch-invariant": "batch_invariant",
          "--placement": "placement", "--ray-address": "ray_address", "--max-model-len": "max_model_len",
          "--min-p": "min_p", "--repetition-penalty": "repetition_penalty", "--presence-penalty": "presence_penalty",
-         "--frequency-penalty": "frequency_penalty"}
+         "--frequency-penalty": "frequency_penalty", "--min-tokens": "min_tokens"}
 RECORDED = json.loads((pathlib.Path(__file__).parent / "data" / "cli_surface_0ae6532.json").read_text())
 NOW = surface(build_parser)
 

@@ -70,6 +70,16 @@ def test_a_steps_spans_are_penalised_as_each_alone():
     assert not torch.equal(together[:8], logits[:8]) and torch.equal(together[8], logits[8])
 
 
+def test_min_tokens_holds_the_stop_ids_back_in_the_rows_short_of_it():
+    """Output of 2 tokens, min_tokens 4: the rows after 0 and 1 draft tokens may not stop, the rows
+    after 2 and 3 may (a chain of 3 drafts: rows of depth 0..3)."""
+    logits = torch.randn(4, 10)
+    before = logits.clone()
+    apply_penalties(logits, [PenaltySpan(0, SamplingParams(min_tokens=4), [1], [5, 6], [(2,), (2, 7), (2, 7, 3)], stop_ids=[0, 9])])
+    assert (logits[:2, [0, 9]] == float("-inf")).all()
+    assert torch.equal(logits[:2, 1:9], before[:2, 1:9]) and torch.equal(logits[2:], before[2:])
+
+
 def test_off_penalties_leave_every_bit():
     x = torch.randn(2, 50)
     y = x.clone()
@@ -83,12 +93,14 @@ def test_min_p_keeps_tokens_at_least_min_p_times_the_likeliest():
         p = warp_logits(torch.log(probs), SamplingParams(temperature=1.0, min_p=min_p))
         assert int((p > 0).sum()) == kept, min_p
         torch.testing.assert_close(p[0, :kept], probs[0, :kept] / probs[0, :kept].sum())
-    # after temperature: at T = 0.5 the probabilities square (0.25 : 0.09 : 0.0144 : 0.0064, over 0.3608)
-    p = warp_logits(torch.log(probs), SamplingParams(temperature=0.5, min_p=0.3))
-    assert int((p > 0).sum()) == 2
-    # before top-p: min-p drops the tail, then top-p's nucleus is taken of what is left
-    p = warp_logits(torch.log(probs), SamplingParams(temperature=1.0, min_p=0.2, top_p=0.9))
-    assert int((p > 0).sum()) == 3 and math.isclose(p[0, 0].item(), 0.5 / 0.92, rel_tol=1e-5)
+    # after temperature: at T = 0.5 the probabilities square (0.693, 0.249, 0.040, 0.018): 0.5 of the
+    # likeliest keeps one token (before temperature it would keep two: 0.3 >= 0.25)
+    p = warp_logits(torch.log(probs), SamplingParams(temperature=0.5, min_p=0.5))
+    assert int((p > 0).sum()) == 1
+    # before top-p: min-p leaves (0.543, 0.326, 0.130), whose nucleus of 0.85 is two tokens (top-p first
+    # would keep three: 0.5 + 0.3 < 0.85, and min-p would then keep them all)
+    p = warp_logits(torch.log(probs), SamplingParams(temperature=1.0, min_p=0.2, top_p=0.85))
+    assert int((p > 0).sum()) == 2 and math.isclose(p[0, 0].item(), 0.5 / 0.8, rel_tol=1e-5)
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -99,7 +111,38 @@ def test_min_p_keeps_tokens_at_least_min_p_times_the_likeliest():
     (dict(repetition_penalty=float("inf")), "repetition_penalty"),
     (dict(min_p=1.5), "min_p must be in"),
     (dict(min_p=float("nan")), "min_p"),
+    (dict(min_tokens=-1), "min_tokens must be an integer in"),
+    (dict(min_tokens=9, max_tokens=8), "min_tokens must be an integer in"),
+    (dict(min_tokens=2, guided_regex="a+"), "min_tokens cannot be combined with guided"),
+    (dict(allowed_token_ids=[]), "allowed_token_ids must be a non-empty list"),
+    (dict(allowed_token_ids="12"), "allowed_token_ids must be a non-empty list"),
+    (dict(allowed_token_ids=[3, -1]), "allowed_token_ids must be a non-empty list"),
+    (dict(include_stop_str_in_output="yes"), "include_stop_str_in_output must be True or False"),
 ])
 def test_out_of_range_is_refused_in_one_line(kw, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize("reduced", [False, True])
+def test_the_draft_picker_proposes_the_penalised_choice(reduced):
+    """A penalised request's draft logits are penalised too, its draft tokens so far counted as output
+    (in a reduced draft vocabulary, by their draft columns): the picker's greedy token is the argmax of
+    the penalised row, where the unpenalised argmax would be a token the penalty pushes down."""
+    from specserve.drafters.common import DraftPicker
+    from specserve.types import Request
+    V = 20
+    vocab_ids = torch.tensor([0, 3, 5, 7, 9, 11, 13]) if reduced else None
+    picker = DraftPicker(V, torch.device("cpu"), vocab_ids)
+    width = len(vocab_ids) if reduced else V
+    logits = torch.zeros(2, width)
+    top, second = (1, 2) if reduced else (3, 5)  # columns of target tokens 3 and 5
+    logits[:, top], logits[:, second] = 2.0, 1.9
+    params = SamplingParams(temperature=0, repetition_penalty=1.5)
+    reqs = [Request("a", [1, 2], params), Request("b", [1, 2], SamplingParams(temperature=0))]
+    reqs[0].output_token_ids = [9]
+    tokens, _, _ = picker.pick(reqs, logits, [[3], [3]])  # token 3 was drafted just before
+    assert tokens == [5, 3]  # penalised: 2.0 / 1.5 < 1.9; the other request is not
+    assert logits[0, top] == 2.0  # the caller's logits are left alone
+    tokens, _, _ = picker.pick(reqs, logits, [[], []])
+    assert tokens == [3, 3]
