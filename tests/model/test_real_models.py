@@ -48,6 +48,17 @@ def test_greedy_matches_hf(pair):
     assert_greedy_matches(name, llm, hf, humaneval_prompts(4), NEW_TOKENS)
 
 
+def test_penalised_greedy_matches_hf(pair):
+    """repetition_penalty against HF's own processor on the real files (code repeats the prompt's
+    names, so the penalty changes the answers)."""
+    name, llm, hf = pair
+    prompts = humaneval_prompts(1)  # one: HF's fp32 steps are most of make test's real-model time
+    outs = [[o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40, repetition_penalty=p))]
+            for p in (1.0, 1.3)]
+    assert outs[0] != outs[1]
+    assert_greedy_matches(name, llm, hf, prompts, 40, repetition_penalty=1.3)
+
+
 def test_sliding_window_layers_match_hf_past_the_window(pair):
     """Gemma 3's local layers see the last 512 positions only: past the window (the prompt's prefill on
     the padded path, the decode steps on the C++ kernel) the tokens must still be HF's, and they must
@@ -69,18 +80,20 @@ def test_sliding_window_layers_match_hf_past_the_window(pair):
     assert unwindowed != llm.generate([prompt], SamplingParams(temperature=0, max_tokens=16))[0].outputs[0].token_ids
 
 
-def assert_greedy_matches(name, llm, hf, prompts, new_tokens):
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=new_tokens))
+def assert_greedy_matches(name, llm, hf, prompts, new_tokens, repetition_penalty=1.0):
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=new_tokens, repetition_penalty=repetition_penalty))
     for prompt, out in zip(prompts, outs):
         ids = llm.tokenizer.encode(prompt)
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False)[0, len(ids):].tolist()
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False,
+                              repetition_penalty=repetition_penalty)[0, len(ids):].tolist()
         ours = out.outputs[0].token_ids
         if ours == ref[:len(ours)] and (len(ours) == len(ref) or out.outputs[0].finish_reason == "stop"):
             continue
         i = next(i for i, (a, b) in enumerate(zip(ours, ref)) if a != b)
         with torch.no_grad():
-            logits = hf(torch.tensor([ids + ref[:i]])).logits[0, -1]
+            seen = torch.tensor([ids + ref[:i]])
+            logits = transformers.RepetitionPenaltyLogitsProcessor(repetition_penalty)(seen, hf(seen).logits[:, -1])[0]
         top2 = logits.topk(2)
         gap = (top2.values[0] - top2.values[1]).item()
         assert {ours[i], ref[i]} == set(top2.indices.tolist()) and gap <= NEAR_TIE, (
