@@ -172,6 +172,8 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be an integer in [0, max_tokens = {self.max_tokens}], got {self.min_tokens!r}")
         if self.min_tokens and self._guided_set():  # a complete grammar ends the output with EOS only
             raise ValueError("min_tokens cannot be combined with guided generation (a complete grammar allows only EOS)")
+        if self.allowed_token_ids is not None and self._guided_set():  # fast-forward appends what the grammar forces
+            raise ValueError("allowed_token_ids cannot be combined with guided generation (the grammar forces its own tokens)")
         if self.allowed_token_ids is not None and (isinstance(self.allowed_token_ids, (str, bytes, dict))
                                                    or not hasattr(self.allowed_token_ids, "__iter__")
                                                    or not self.allowed_token_ids

@@ -86,8 +86,9 @@ class DraftPicker:
     def penalise(self, requests: list[Request], logits: torch.Tensor, drafted: list[list[int]]) -> torch.Tensor:
         """The requests' penalties on the draft logits too, each row's draft tokens so far counted as
         output, so the draft proposes from the distribution the target's rows will hold
-        (docs/decisions.md#penalised-drafts). Verification does not depend on it: drafts are checked
-        against the target's own penalised rows."""
+        (docs/decisions.md#penalised-drafts). Chains drawn here only: token trees and the CUDA EAGLE
+        rounds draft unpenalised. Verification does not depend on it: drafts are checked against the
+        target's own penalised rows."""
         spans = []
         for i, (r, d) in enumerate(zip(requests, drafted)):
             if r.params.penalized:

@@ -174,8 +174,12 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise ValueError(f"logit_bias token id {max(params.logit_bias)} is not in the vocabulary [0, {vocab})")
-        if params.allowed_token_ids and max(params.allowed_token_ids) >= vocab:
-            raise ValueError(f"allowed_token_ids: token id {max(params.allowed_token_ids)} is not in the vocabulary [0, {vocab})")
+        for name in ("allowed_token_ids", "stop_token_ids"):
+            ids = getattr(params, name)
+            if ids and max(ids) >= vocab:
+                raise ValueError(f"{name}: token id {max(ids)} is not in the vocabulary [0, {vocab})")
+        if params.min_tokens and params.allowed_token_ids and set(params.allowed_token_ids) <= set(self._stop_ids(params)):
+            raise ValueError("allowed_token_ids: with min_tokens, some allowed token must be one that does not end the output")
         # Admission: one sample's whole sequence (prompt + max_tokens, capped at the context) must fit in
         # the cache, or it would fail midway with its output lost.
         bm = self.scheduler.blocks

@@ -16,6 +16,14 @@ from typing import Any, Callable, Optional, Protocol
 from ..origins import OriginRuns
 from ..types import StreamDelta
 
+LOGPROB_FLOOR = -9999.0  # vLLM's: a masked-out token's -inf is written as this (JSON has no infinity)
+
+
+def json_logprob(x: float) -> float:
+    """A log-probability JSON can carry: -inf (a token a mask, allowed_token_ids or a bias ruled out) and
+    NaN as LOGPROB_FLOOR."""
+    return x if x >= LOGPROB_FLOOR else LOGPROB_FLOOR
+
 
 class ChoiceFormat(Protocol):
     """How one endpoint writes a choice's body and logprobs."""

@@ -86,3 +86,16 @@ def test_min_tokens_allowed_ids_and_stop_strings_as_vllm_and_lossless_under_spec
     cut, kept_stop = (embedded_llm.generate(code, SamplingParams(**{**vars(stop), "include_stop_str_in_output": k}))[0].outputs[0]
                       for k in (False, True))
     assert cut.token_ids == kept_stop.token_ids and kept_stop.text == cut.text + "\n"
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(min_tokens=2, allowed_token_ids=[2]), "some allowed token must be one that does not end"),  # 2: SmolLM2's EOS
+    (dict(stop_token_ids=[49152]), "stop_token_ids: token id 49152 is not in the vocabulary"),
+    (dict(allowed_token_ids=[49152]), "allowed_token_ids: token id 49152"),
+    (dict(allowed_token_ids=[5], guided_choice=["yes"]), "allowed_token_ids cannot be combined with guided"),
+])
+def test_sampling_fields_that_would_leave_nothing_to_sample_are_refused(embedded_llm, kw, words):
+    """A row with every token ruled out (or an id past the vocabulary) would sample garbage or fail the
+    whole batch: refused before anything is queued, in one line."""
+    with pytest.raises(ValueError, match=words):
+        embedded_llm.generate("hi", SamplingParams(max_tokens=4, **kw))

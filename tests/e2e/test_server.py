@@ -110,6 +110,21 @@ def test_penalties_and_min_p_equal_llm_generate(server, client, embedded_llm):
     assert want[0] != plain
 
 
+def test_masked_out_alternatives_are_written_as_vllms_floor_not_as_infinity(server, client):
+    """With allowed_token_ids smaller than top_logprobs, the rest of the top list is tokens of -inf
+    log-probability: JSON has no infinity, so they are written as -9999.0 (vLLM's), whole and streamed."""
+    extra = {"allowed_token_ids": [28, 29]}
+    got = client.completions.create(model=server["model"], prompt="x", max_tokens=3, temperature=0, logprobs=5, extra_body=extra)
+    tops = got.choices[0].logprobs.top_logprobs
+    assert len(tops) == 3 and all(-9999.0 in t.values() and len(t) == 5 for t in tops)
+    msgs = [{"role": "user", "content": "hi"}]
+    chunks = client.chat.completions.create(model=server["model"], messages=msgs, max_tokens=3, temperature=0, logprobs=True,
+                                            top_logprobs=5, stream=True, extra_body=extra)
+    alts = [a.logprob for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content
+            for a in e.top_logprobs]
+    assert len(alts) == 15 and min(alts) == -9999.0
+
+
 def test_best_of_and_a_time_budget_answer_as_llm_generate_does(server, client, embedded_llm):
     params = SamplingParams(n=2, best_of=4, temperature=1.0, seed=9, max_tokens=16)
     want = [o.text for o in embedded_llm.generate(PROMPTS[1], params)[0].outputs]

@@ -10,6 +10,7 @@ from typing import Callable, Optional
 from fastapi import APIRouter, Request
 
 from ...types import StreamDelta
+from ..choices import json_logprob
 from ..protocol import ChatCompletionRequest
 from ..serving import Serving
 from ..tools import ToolMode, ToolStream, merge_calls
@@ -52,8 +53,8 @@ class ChatChoice:
         for j, (t, lp) in enumerate(zip(d.token_ids, d.logprobs)):
             s = text(t)
             tops = d.top_logprobs[j] if d.top_logprobs else {}
-            content.append({"token": s, "logprob": lp, "bytes": list(s.encode()),
-                            "top_logprobs": [{"token": text(i), "logprob": v, "bytes": list(text(i).encode())}
+            content.append({"token": s, "logprob": json_logprob(lp), "bytes": list(s.encode()),
+                            "top_logprobs": [{"token": text(i), "logprob": json_logprob(v), "bytes": list(text(i).encode())}
                                              for i, v in tops.items()]})
         return {"content": content}
 

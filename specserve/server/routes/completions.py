@@ -11,6 +11,7 @@ from typing import AsyncIterator, Callable, Optional
 from fastapi import APIRouter, Request
 
 from ...types import StreamDelta
+from ..choices import json_logprob
 from ..errors import ApiError
 from ..protocol import CompletionRequest
 from ..serving import Serving
@@ -35,8 +36,8 @@ class CompletionChoice:
         for t in toks:
             offsets.append(o)
             o += len(t)
-        tops = [{self.token_text(i): lp for i, lp in top.items()} for top in d.top_logprobs] if d.top_logprobs else None
-        return {"tokens": toks, "token_logprobs": d.logprobs, "top_logprobs": tops, "text_offset": offsets}
+        tops = [{self.token_text(i): json_logprob(lp) for i, lp in top.items()} for top in d.top_logprobs] if d.top_logprobs else None
+        return {"tokens": toks, "token_logprobs": [json_logprob(x) for x in d.logprobs], "top_logprobs": tops, "text_offset": offsets}
 
     def start(self) -> str:
         return ""
