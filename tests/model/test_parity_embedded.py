@@ -90,7 +90,10 @@ class OpenAIPenalties(transformers.LogitsProcessor):
         return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
 
 
-@pytest.mark.parametrize("penalties", [dict(repetition_penalty=1.3), dict(presence_penalty=0.6, frequency_penalty=0.4)])
+# presence and frequency (17 s) in make test-all only: their formula is unit-tested per token, and the
+# e2e tests run them through the engine under speculation
+@pytest.mark.parametrize("penalties", [dict(repetition_penalty=1.3),
+                                       pytest.param(dict(presence_penalty=0.6, frequency_penalty=0.4), marks=pytest.mark.full)])
 def test_penalised_greedy_matches_hf_generate(embedded_llm, hf_model, penalties):
     """repetition_penalty against HF's own RepetitionPenaltyLogitsProcessor (prompt and output counted),
     presence and frequency against the formula over the output's tokens."""

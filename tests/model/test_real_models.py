@@ -52,6 +52,8 @@ def test_penalised_greedy_matches_hf(pair):
     """repetition_penalty against HF's own processor on the real files (code repeats the prompt's
     names, so the penalty changes the answers)."""
     name, llm, hf = pair
+    if name == "gemma-3-270m":  # make test's time: the penalty reads logits only, and the Qwen files check it
+        pytest.skip("the penalty does not depend on the architecture: checked on the Qwen files")
     prompts = humaneval_prompts(1)  # one: HF's fp32 steps are most of make test's real-model time
     outs = [[o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40, repetition_penalty=p))]
             for p in (1.0, 1.3)]
