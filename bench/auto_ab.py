@@ -38,8 +38,7 @@ p.add_argument("--frequency-penalty", type=float, default=0.0)
 args = p.parse_args()
 penalties = dict(repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
                  frequency_penalty=args.frequency_penalty)
-defaults = dict(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
-penalty_flags = "".join(f" --{k.replace('_', '-')} {v}" for k, v in penalties.items() if v != defaults[k])
+penalty_flags = "".join(f" --{k.replace('_', '-')} {v}" for k, v in penalties.items() if v != getattr(SamplingParams(), k))
 common = dict(kv_cache_gib=1.0, max_num_seqs=16, activations=args.activations)
 if args.model:
     common["model"] = args.model
