@@ -8,24 +8,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 from .loading.quants import QUANTIZE_TYPES
-from .registry import ATTENTION, DRAFTERS, POLICIES, SHAPES, Registry
+from .options import option
+from .registry import ATTENTION, DRAFTERS, POLICIES, SHAPES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ACTIVATIONS = ("fp32", "int8")  # what the GGUF block kernels dot the weights with
 # what a draft model's wider GGML weights may be re-encoded as (loading/quants.py)
 DRAFT_QUANTS = ("none",) + tuple(t.lower() for t in QUANTIZE_TYPES)
-
-
-def option(default: Any, help: str, *, flag: Optional[str] = None, parse: Optional[str] = None,
-           choices: Union[tuple, Registry, None] = None) -> Any:
-    """A dataclass field that is also a flag. flag: its name when not --field-name ("--no-x" on a bool:
-    the flag turns it off, with no --x); parse: the name of an argparse type in cli/args.PARSERS (the
-    default: the field's own type); choices: the values allowed (a Registry: its names, read when the
-    parser is built, and its entries' help listed in the flag's)."""
-    return field(default=default, metadata={"help": help, "flag": flag, "parse": parse, "choices": choices})
 
 
 @dataclass

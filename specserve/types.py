@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
+from .options import option
 from .registry import GUIDED
 
 if TYPE_CHECKING:
@@ -29,16 +30,27 @@ def _is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+def truncate_prompt(prompt_token_ids: list[int], keep: Optional[int], max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the last `keep` tokens (-1: as many as leave room for one output
+    token in max_model_len); None: the prompt as it is."""
+    if keep is None:
+        return prompt_token_ids
+    keep = max_model_len - 1 if keep == -1 else keep
+    return prompt_token_ids[-keep:] if len(prompt_token_ids) > keep else prompt_token_ids
+
+
 @dataclass
 class SamplingParams:
     """How to pick tokens, as in vLLM. temperature 0 means greedy."""
 
     n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1  # -1 or 0: no top-k
-    max_tokens: int = 128
-    seed: Optional[int] = None
+    # A field made with option(...) is also a flag of `specserve generate` and `chat` (cli/args.py).
+    temperature: float = option(1.0, "the sampling temperature; 0: greedy (the default at the terminal; the "
+                                     "server's is 1.0, as OpenAI's)", parse="temperature")
+    top_p: float = option(1.0, "nucleus sampling's mass (default: 1.0, off)", parse="top_p")
+    top_k: int = option(-1, "sample among the k likeliest tokens (default: -1, off; 0 too)")
+    max_tokens: int = option(128, "tokens to generate at most", parse="positive_int")
+    seed: Optional[int] = option(None, "the samples' seed: the same seed, the same output")
     stop: Union[str, Sequence[str], None] = None
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
@@ -77,20 +89,31 @@ class SamplingParams:
     # multiplies a negative one (HF transformers' and vLLM's, the prompt's tokens counted too);
     # presence_penalty subtracts once per token the output holds, frequency_penalty once per
     # occurrence (OpenAI's, the output's tokens only).
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    presence_penalty: float = option(0.0, "subtract this from the logit of each token the output holds "
+                                           "(default: 0)", parse="penalty")
+    frequency_penalty: float = option(0.0, "subtract this times a token's count in the output (default: 0)",
+                                      parse="penalty")
+    repetition_penalty: float = option(1.0, "divide a seen token's positive logit by this, multiply a negative "
+                                            "one (default: 1, off)", parse="positive_float")
     # min_p (vLLM's, llama.cpp's): after temperature, tokens less likely than min_p times the likeliest
     # are dropped before top-k and top-p. No effect on greedy choice.
-    min_p: float = 0.0
+    min_p: float = option(0.0, "drop tokens less likely than this times the likeliest (default: 0, off)",
+                          parse="unit")
     # vLLM's min_tokens: no EOS and no stop_token_ids before this many output tokens (their logits are
     # -inf in every row before it, a verify span's rows by their depth), and stop strings are looked
     # for only past it.
-    min_tokens: int = 0
+    min_tokens: int = option(0, "no EOS or stop before this many tokens (default: 0)")
     # vLLM's allowed_token_ids: every other token's logit is -inf in every row (None: all allowed).
     allowed_token_ids: Optional[Sequence[int]] = None
     # vLLM's include_stop_str_in_output: the stop string that ended the output stays in its text.
     include_stop_str_in_output: bool = False
+    # vLLM's bad_words: words the output must not contain. Each is tokenised as it is and after a space
+    # (vLLM's two forms); a form's last token gets -inf in every row whose output so far (a verify
+    # span's rows: with the draft tokens on their path) ends with the form's other tokens.
+    bad_words: Optional[Sequence[str]] = None
+    # vLLM's truncate_prompt_tokens: keep only the prompt's last k tokens (-1: as many as the context
+    # leaves room for beside one output token); None: the whole prompt, refused if too long.
+    truncate_prompt_tokens: Optional[int] = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -103,6 +126,8 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         if isinstance(self.allowed_token_ids, (list, tuple, set, frozenset, range)):
             self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.bad_words, (list, tuple)):
+            self.bad_words = list(self.bad_words)
         self.validate()
 
     def validate(self) -> None:
@@ -179,6 +204,16 @@ class SamplingParams:
                                                    or not self.allowed_token_ids
                                                    or not all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)):
             raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {self.allowed_token_ids!r}"[:300])
+        if self.bad_words is not None and (not isinstance(self.bad_words, list)
+                                           or not all(isinstance(w, str) and w.strip() for w in self.bad_words)):
+            raise ValueError(f"bad_words must be a list of words (non-blank strings), got {self.bad_words!r}"[:300])
+        if self.bad_words and self._guided_set():  # fast-forward appends what the grammar forces
+            raise ValueError("bad_words cannot be combined with guided generation (the grammar forces its own tokens)")
+        if self.truncate_prompt_tokens is not None and (not _is_int(self.truncate_prompt_tokens)
+                                                        or not (self.truncate_prompt_tokens == -1
+                                                                or self.truncate_prompt_tokens >= 1)):
+            raise ValueError(f"truncate_prompt_tokens must be -1 (the context's room) or an integer >= 1, "
+                             f"got {self.truncate_prompt_tokens!r}")
 
     def _guided_set(self) -> list[tuple[str, Any]]:
         """(kind, value) of each guided_<kind> field set, kinds as registry.GUIDED lists them (unset: None,
@@ -196,6 +231,10 @@ class SamplingParams:
         for kind, value in self._guided_set():
             return kind, None if value is True else list(value) if isinstance(value, (list, tuple)) else value
         return None
+
+    def truncated(self, prompt_token_ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt as served: its last truncate_prompt_tokens tokens (-1: max_model_len - 1), or all."""
+        return truncate_prompt(prompt_token_ids, self.truncate_prompt_tokens, max_model_len)
 
     @property
     def num_samples(self) -> int:

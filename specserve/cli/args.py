@@ -40,31 +40,16 @@ penalty = _checked(float, lambda v: -2 <= v <= 2, "a number in [-2, 2]")
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    """The SamplingParams flags generate and chat share (greedy by default at the terminal; the server's
-    default temperature is 1.0, as OpenAI's)."""
-    p.add_argument("--max-tokens", type=positive_int, default=max_tokens,
-                   help=f"tokens to generate at most (default: {max_tokens})")
-    p.add_argument("--temperature", type=temperature, default=0.0,
-                   help="0 (the default here: greedy) or the sampling temperature; the server's default is 1.0, as OpenAI's")
-    p.add_argument("--top-p", type=top_p, default=1.0, help="nucleus sampling's mass (default: 1.0, off)")
-    p.add_argument("--top-k", type=int, default=-1, help="sample among the k likeliest tokens (default: -1, off; 0 too)")
-    p.add_argument("--seed", type=int, default=None, help="the samples' seed: the same seed, the same output")
-    p.add_argument("--min-p", type=unit, default=0.0,
-                   help="drop tokens less likely than this times the likeliest (default: 0, off)")
-    p.add_argument("--repetition-penalty", type=positive_float, default=1.0,
-                   help="divide a seen token's positive logit by this, multiply a negative one (default: 1, off)")
-    p.add_argument("--presence-penalty", type=penalty, default=0.0,
-                   help="subtract this from the logit of each token the output holds (default: 0)")
-    p.add_argument("--frequency-penalty", type=penalty, default=0.0,
-                   help="subtract this times a token's count in the output (default: 0)")
-    p.add_argument("--min-tokens", type=int, default=0, help="no EOS or stop before this many tokens (default: 0)")
+    """The SamplingParams flags generate and chat share (types.py's option fields), greedy by default at the
+    terminal: the server's default temperature is 1.0, as OpenAI's."""
+    from ..types import SamplingParams
+    add_dataclass_args(p, SamplingParams, defaults={"max_tokens": max_tokens, "temperature": 0.0})
 
 
 def sampling_kwargs(args) -> dict:
     """add_sampling_args's flags as SamplingParams keyword arguments."""
-    names = ("max_tokens", "temperature", "top_p", "top_k", "seed", "min_p", "repetition_penalty",
-             "presence_penalty", "frequency_penalty", "min_tokens")
-    return {k: getattr(args, k) for k in names}
+    from ..types import SamplingParams
+    return dataclass_values(args, SamplingParams)
 
 
 def model_path(s: str) -> str:
@@ -88,8 +73,9 @@ def prefill_chunk(text: str):
 # The argparse types a config field's `parse` names (config.option).
 PARSERS: dict[str, Callable[[str], Any]] = {
     "positive_int": positive_int, "positive_float": positive_float, "model_path": model_path,
-    "prefill_chunk": prefill_chunk}
-_BY_TYPE = {"int": int, "float": float}  # a field's annotation (a string: `from __future__ import annotations`)
+    "prefill_chunk": prefill_chunk, "temperature": temperature, "top_p": top_p, "unit": unit, "penalty": penalty}
+# a field's annotation (a string: `from __future__ import annotations`) -> its argparse type
+_BY_TYPE = {"int": int, "float": float, "Optional[int]": int, "Optional[float]": float}
 
 
 def flag_of(f: dataclasses.Field) -> Optional[tuple[str, str]]:
@@ -109,8 +95,10 @@ def _flags(config_cls, skip: Iterable[str]):
             yield f, fd[0], fd[1]
 
 
-def add_dataclass_args(p: argparse.ArgumentParser, config_cls, skip: Iterable[str] = ()) -> None:
-    """One flag per field made with config.option (`max_n` -> `--max-n`), its default the field's:
+def add_dataclass_args(p: argparse.ArgumentParser, config_cls, skip: Iterable[str] = (),
+                       defaults: Optional[dict[str, Any]] = None) -> None:
+    """One flag per field made with config.option (`max_n` -> `--max-n`), its default the field's (or
+    defaults[field], this command's own):
     bools as --x/--no-x (or only --no-x where that is the field's flag), ints and floats typed, anything
     else (str, Optional[str]) as a string unless the field names a parser; tuples as "a,b"."""
     for f, flag, dest in _flags(config_cls, skip):
@@ -124,7 +112,8 @@ def add_dataclass_args(p: argparse.ArgumentParser, config_cls, skip: Iterable[st
         choices = m.get("choices")
         if isinstance(choices, Registry):
             help, choices = f"{help}: {choices.described()}", choices.names()
-        default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
+        default = (defaults or {}).get(f.name, f.default)
+        default = ",".join(default) if isinstance(default, tuple) else default
         if default not in (None, "") and "default" not in help:
             help = f"{help} (default: {default})"
         convert = PARSERS[m["parse"]] if m.get("parse") else _BY_TYPE.get(str(f.type), str)

@@ -18,6 +18,7 @@ from ..kv.cache import KVCache
 from ..loading import IncrementalDetokenizer, load_model_files
 from ..loading.validate import validate_loaded
 from ..models import build_model
+from ..sampling.bad_words import bad_word_forms
 from ..sampling.bias import add_logit_bias, keep_allowed
 from ..sampling.penalties import PenaltySpan, apply_penalties
 from ..sampling.sampler import make_generator, sample, token_logprobs
@@ -42,6 +43,7 @@ class _Live:
     generator: torch.Generator
     detok: IncrementalDetokenizer
     guide: Optional[object] = None  # guided.Guide: where the sequence stands in its grammar
+    bad_words: tuple[tuple[int, ...], ...] = ()  # params.bad_words' token forms (sampling/bad_words.py)
 
 
 class LLMEngine:
@@ -138,6 +140,8 @@ class LLMEngine:
         """Queue one prompt; returns its sample requests (n, or best_of; the first is the leader that
         prefills)."""
         self.check_request(prompt_token_ids, params)
+        prompt_token_ids = params.truncated(prompt_token_ids, self.max_model_len)
+        bad_words = self._bad_words(params)
         group = str(next(self._ids))
         reqs = []
         for i in range(params.num_samples):
@@ -145,7 +149,7 @@ class LLMEngine:
             r = Request(f"{group}-{i}", list(prompt_token_ids), params, seed=seed, group_id=group, sample_index=i)
             self._live[r.request_id] = _Live(r, make_generator(seed, self.device),
                                              IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
-                                             self.guided.guide(params))
+                                             self.guided.guide(params), bad_words)
             reqs.append(r)
         if params.prompt_logprobs is not None:  # the leader scores the prompt (its first token has no logprob)
             reqs[0].prompt_logprobs = [None]
@@ -165,6 +169,7 @@ class LLMEngine:
         params.validate()  # again: fields may have been changed since construction
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
+        prompt_token_ids = params.truncated(prompt_token_ids, self.max_model_len)
         if len(prompt_token_ids) >= self.max_model_len:  # first: a huge prompt is refused without a pass over it
             raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens; the model's context is {self.max_model_len}")
         if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt_token_ids):
@@ -178,6 +183,9 @@ class LLMEngine:
             ids = getattr(params, name)
             if ids and max(ids) >= vocab:
                 raise ValueError(f"{name}: token id {max(ids)} is not in the vocabulary [0, {vocab})")
+        forms = self._bad_words(params)
+        if any(t >= vocab for f in forms for t in f):
+            raise ValueError(f"bad_words: a word's token is not in the model's vocabulary [0, {vocab})")
         if params.min_tokens and params.allowed_token_ids and set(params.allowed_token_ids) <= set(self._stop_ids(params)):
             raise ValueError("allowed_token_ids: with min_tokens, some allowed token must be one that does not end the output")
         # Admission: one sample's whole sequence (prompt + max_tokens, capped at the context) must fit in
@@ -289,9 +297,9 @@ class LLMEngine:
         if allowed:
             keep_allowed(out.logits, allowed)
         penalised = [PenaltySpan(rows.logits.start, p, r.prompt_token_ids, r.output_token_ids,
-                                 s.draft.paths() if s.num_draft_tokens else (), self._stop_ids(p))
-                     for s, rows in out if rows.logits is not None
-                     and ((p := (r := s.request).params).penalized or p.min_tokens > len(r.output_token_ids))]
+                                 s.draft.paths() if s.num_draft_tokens else (), self._stop_ids(p), live.bad_words)
+                     for s, rows in out if rows.logits is not None and (live := self._live[(r := s.request).request_id])
+                     and ((p := r.params).penalized or p.min_tokens > len(r.output_token_ids) or live.bad_words)]
         if penalised:  # each row with the draft tokens before it counted (sampling/penalties.py)
             apply_penalties(out.logits, penalised)
         verified: dict[str, Verified] = {}  # by request id
@@ -335,6 +343,12 @@ class LLMEngine:
                              len(plan.scheduled), plain_decoding + len(verifiers),
                              plain_decoding + sum(len(v.tokens) for v in verified.values()))
         return expired + results
+
+    def _bad_words(self, p: SamplingParams) -> tuple[tuple[int, ...], ...]:
+        """p.bad_words as token forms (sampling/bad_words.py), with this model's tokenizer."""
+        if not p.bad_words:
+            return ()
+        return bad_word_forms(p.bad_words, lambda text: self.tokenizer.encode(text, add_special_tokens=False))
 
     def _stop_ids(self, p: SamplingParams) -> list[int]:
         """The tokens that end an output: what min_tokens holds back."""

@@ -102,7 +102,7 @@ class RoundsDriver:
         for r in running:
             p = r.params
             if (not r.past_prompt or r.num_computed_tokens != r.num_tokens - 1 or not p.greedy or p.speculative is False
-                    or p.logit_bias or p.penalized or p.min_tokens or p.allowed_token_ids is not None
+                    or p.logit_bias or p.penalized or p.min_tokens or p.allowed_token_ids is not None or p.bad_words
                     or p.needs_logprobs or engine._guide(r) is not None):
                 return None
         d = self.drafter

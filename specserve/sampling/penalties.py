@@ -1,6 +1,6 @@
 """Penalties on tokens already in the sequence, as vLLM applies them (SamplingParams: repetition_penalty,
-presence_penalty, frequency_penalty), and min_tokens's hold on the stop tokens, to the rows of one
-step's logits.
+presence_penalty, frequency_penalty), min_tokens's hold on the stop tokens, and bad_words, to the rows
+of one step's logits.
 
 For a row whose sequence so far is prompt P and output O (the output's count of token v: c_v):
 
@@ -8,6 +8,7 @@ For a row whose sequence so far is prompt P and output O (the output's count of 
     l_v     <- l_v / r  if seen_v and l_v > 0;   l_v * r  if seen_v and l_v <= 0     (repetition, r)
     l_v     <- l_v - f * c_v - p * [c_v > 0]                                           (frequency f, presence p)
     l_s     <- -inf  for each stop id s (EOS, stop_token_ids) while |O| < min_tokens
+    l_t     <- -inf  for each bad word's form ending in t whose other tokens end O     (bad_words.py)
 
 A verify span's row j + 1 comes after draft token j: its output is O plus the draft tokens on the path
 down to j, so the row gets exactly the logits a one-token step there would (the rows' logits are the
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from ..types import SamplingParams
+from .bad_words import banned
 
 
 @dataclass
@@ -36,13 +38,19 @@ class PenaltySpan:
     output: Sequence[int]
     paths: Sequence[tuple[int, ...]] = ()
     stop_ids: Sequence[int] = ()  # the tokens min_tokens holds back: EOS (unless ignore_eos) and stop_token_ids
+    bad_words: Sequence[tuple[int, ...]] = ()  # bad_words' token forms (sampling/bad_words.py)
 
 
 def apply_penalties(logits: torch.Tensor, spans: list[PenaltySpan]) -> None:
-    """In place, logits [R, V]: each span's rows penalised as the module docstring says, and the rows
-    still short of min_tokens (the output so far plus the row's draft tokens) given -inf for the stop ids."""
+    """In place, logits [R, V]: each span's rows penalised as the module docstring says, the rows still
+    short of min_tokens (the output so far plus the row's draft tokens) given -inf for the stop ids, and
+    each row's bad words' next tokens -inf (sampling/bad_words.py)."""
     with torch.inference_mode():  # the model's logits are inference tensors
         _penalise(logits, [s for s in spans if s.params.penalized])
+        cells = [(s.first + row, t) for s in spans if s.bad_words for row, t in banned(s.output, s.paths, s.bad_words)]
+        if cells:
+            rows, tokens = zip(*cells)
+            logits[torch.tensor(rows, device=logits.device), torch.tensor(tokens, device=logits.device)] = float("-inf")
         for s in spans:
             need = s.params.min_tokens - len(s.output)  # tokens still to come before a stop may
             rows = [s.first + j for j, path in enumerate([()] + list(s.paths)) if len(path) < need]

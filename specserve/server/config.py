@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..config import option
+from ..options import option
 
 API_KEY_ENV = "SPECSERVE_API_KEY"  # the API key from the environment (server/security.py)
 

@@ -23,7 +23,7 @@ class StreamOptions(BaseModel):
 
 # Fields passed to SamplingParams as they are, where set.
 SAMPLING_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens",
-                   "allowed_token_ids", "include_stop_str_in_output")
+                   "allowed_token_ids", "include_stop_str_in_output", "bad_words", "truncate_prompt_tokens")
 
 
 class _Common(BaseModel):
@@ -48,6 +48,8 @@ class _Common(BaseModel):
     min_tokens: Optional[int] = None  # extra (vLLM)
     allowed_token_ids: Optional[list[int]] = None  # extra (vLLM)
     include_stop_str_in_output: Optional[bool] = None  # extra (vLLM)
+    bad_words: Optional[list[str]] = None  # extra (vLLM)
+    truncate_prompt_tokens: Optional[int] = None  # extra (vLLM): keep the prompt's last k tokens (-1: all that fit)
     logit_bias: Optional[dict[str, float]] = None  # {"token id": bias in [-100, 100]}, added to the logits
     # guided generation, extras as in vLLM (the chat endpoint's response_format maps onto these)
     guided_json: Union[dict[str, Any], str, None] = None

@@ -4,6 +4,7 @@ token-identical to regular decoding with the same bias)."""
 import pytest
 
 from specserve import LLM, SamplingParams
+from specserve.sampling.bad_words import bad_word_forms
 
 
 @pytest.mark.parametrize("prompts, words", [(None, "NoneType"), (5, "int"), (b"hi", "bytes"), ([b"a"], "bytes"),
@@ -88,11 +89,48 @@ def test_min_tokens_allowed_ids_and_stop_strings_as_vllm_and_lossless_under_spec
     assert cut.token_ids == kept_stop.token_ids and kept_stop.text == cut.text + "\n"
 
 
+def test_bad_words_as_vllm_and_lossless_under_speculation(embedded_llm):
+    """Each word's forms (as written, and after a space) never complete in the output, the answers
+    change where the word was, and speculation gives the same tokens (each verify row banned for the
+    draft tokens on its path)."""
+    prompts = ["def fibonacci(n):\n    ", "Write a short poem about the sea.\n", "import numpy as np\n\ndef mean(xs):\n"]
+    words = ["return", "clear", "np"]  # one in each answer
+    plain = [o.outputs[0] for o in embedded_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40))]
+    assert all(w in o.text for w, o in zip(words, plain))
+    greedy = SamplingParams(temperature=0, max_tokens=40, bad_words=words)
+    want = [o.outputs[0].token_ids for o in embedded_llm.generate(prompts, greedy)]
+    assert all(w != p.token_ids for w, p in zip(want, plain))
+    forms = bad_word_forms(words, lambda t: embedded_llm.tokenizer.encode(t, add_special_tokens=False))
+    assert len(forms) == 6  # each word as written and after a space
+    for ids in want:
+        assert not any(ids[i:i + len(f)] == list(f) for f in forms for i in range(len(ids)))
+    llm = LLM(speculative=dict(method="lookup+draft", fallback=False), kv_cache_gib=0.25)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)] == want
+    assert llm.spec_stats()["accepted"] > 0
+
+
+def test_truncate_prompt_tokens_serves_the_prompts_last_tokens(embedded_llm):
+    """vLLM's truncate_prompt_tokens: the answer to the last k tokens, reported as the prompt; -1 keeps
+    what the context has room for, where the whole prompt would be refused."""
+    ids = embedded_llm.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 6)
+    greedy = dict(temperature=0, max_tokens=8)
+    got = embedded_llm.generate([ids], SamplingParams(**greedy, truncate_prompt_tokens=12))[0]
+    want = embedded_llm.generate([ids[-12:]], SamplingParams(**greedy))[0]
+    assert got.prompt_token_ids == ids[-12:] and got.outputs[0].token_ids == want.outputs[0].token_ids
+    short = LLM(max_model_len=32, kv_cache_gib=0.05)
+    assert len(ids) > 32
+    with pytest.raises(ValueError, match="context is 32"):
+        short.generate([ids], SamplingParams(**greedy))
+    out = short.generate([ids], SamplingParams(**greedy, truncate_prompt_tokens=-1))[0]
+    assert out.prompt_token_ids == ids[-31:] and len(out.outputs[0].token_ids) == 1  # the context's last slot
+
+
 @pytest.mark.parametrize("kw, words", [
     (dict(min_tokens=2, allowed_token_ids=[2]), "some allowed token must be one that does not end"),  # 2: SmolLM2's EOS
     (dict(stop_token_ids=[49152]), "stop_token_ids: token id 49152 is not in the vocabulary"),
     (dict(allowed_token_ids=[49152]), "allowed_token_ids: token id 49152"),
     (dict(allowed_token_ids=[5], guided_choice=["yes"]), "allowed_token_ids cannot be combined with guided"),
+    (dict(bad_words=["ok"], guided_choice=["yes"]), "bad_words cannot be combined with guided"),
 ])
 def test_sampling_fields_that_would_leave_nothing_to_sample_are_refused(embedded_llm, kw, words):
     """A row with every token ruled out (or an id past the vocabulary) would sample garbage or fail the

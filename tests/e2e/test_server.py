@@ -95,17 +95,18 @@ def test_n_samples_with_a_seed_repeat_and_equal_llm_generate(server, client, emb
 
 def test_penalties_and_min_p_equal_llm_generate(server, client, embedded_llm):
     """OpenAI's presence / frequency penalties and vLLM's extras (repetition_penalty, min_p, min_tokens,
-    include_stop_str_in_output, allowed_token_ids) reach the engine: the answer is LLM.generate's with
+    include_stop_str_in_output, allowed_token_ids, bad_words, truncate_prompt_tokens) reach the engine: the answer is LLM.generate's with
     the same SamplingParams (seeded samples, and greedy)."""
     pen = dict(presence_penalty=0.6, frequency_penalty=0.4, stop=["\n"])
     extra = dict(repetition_penalty=1.3, min_p=0.1, min_tokens=3, include_stop_str_in_output=True,
-                 allowed_token_ids=list(range(2000)))
+                 allowed_token_ids=list(range(2000)), bad_words=["the"], truncate_prompt_tokens=5)
     for t in (0.9, 0):
         params = SamplingParams(n=2, temperature=t, seed=5, max_tokens=24, **pen, **extra)
         want = [o.text for o in embedded_llm.generate(PROMPTS[0], params)[0].outputs]
         got = client.completions.create(model=server["model"], prompt=PROMPTS[0], n=2, temperature=t, seed=5, max_tokens=24,
                                         **pen, extra_body=extra)
         assert [c.text for c in sorted(got.choices, key=lambda c: c.index)] == want
+        assert got.usage.prompt_tokens == 5  # the prompt as served
     plain = embedded_llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=24))[0].outputs[0].text
     assert want[0] != plain
 
@@ -377,7 +378,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40
 FIELDS = ["prompt", "messages", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream", "logprobs",
           "top_logprobs", "stream_options", "ignore_eos", "echo", "best_of", "model", "tokens", "add_special_tokens",
           "tools", "tool_choice", "parallel_tool_calls", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
-          "min_tokens", "allowed_token_ids", "include_stop_str_in_output"]
+          "min_tokens", "allowed_token_ids", "include_stop_str_in_output", "bad_words", "truncate_prompt_tokens"]
 # lengths stay short (a fuzzed 2**40 would be a valid, hours-long request, not a malformed one)
 lengths = st.one_of(st.integers(-3, 6), st.floats(-2, 6), st.text(max_size=3), st.booleans(), st.lists(st.integers(), max_size=2))
 bodies = st.fixed_dictionaries({}, optional={**{f: json_values for f in FIELDS}, "max_tokens": lengths,

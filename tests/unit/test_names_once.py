@@ -66,7 +66,7 @@ def test_every_flagged_field_has_its_flag_and_its_help():
     """A field made with config.option is a flag of generate (serve for the batch size) with the
     field's help; choices from a registry list its names."""
     helps = {a.dest: a for p in (_sub("generate"), _sub("serve")) for a in p._actions}
-    for cls in (ModelConfig, LoadConfig, CacheConfig, SchedulerConfig, SpeculativeConfig, GuidedConfig):
+    for cls in (ModelConfig, LoadConfig, CacheConfig, SchedulerConfig, SpeculativeConfig, GuidedConfig, SamplingParams):
         for f in dataclasses.fields(cls):
             if "help" not in f.metadata:
                 continue
@@ -75,6 +75,27 @@ def test_every_flagged_field_has_its_flag_and_its_help():
             if isinstance(f.metadata["choices"], Registry):
                 assert tuple(helps[dest].choices) == f.metadata["choices"].names()
     assert tuple(helps["policy"].choices) == POLICIES.names()
+
+
+def test_the_sampling_flags_are_samplingparams_fields_with_the_terminals_defaults():
+    """generate and chat take SamplingParams' option fields as flags (types.py), greedy by default with
+    their own max_tokens; every flag set reaches its field."""
+    from specserve.cli.args import sampling_kwargs
+    flagged = {f.name for f in dataclasses.fields(SamplingParams) if "help" in f.metadata}
+    assert {"temperature", "top_p", "top_k", "max_tokens", "seed", "min_p", "repetition_penalty",
+            "presence_penalty", "frequency_penalty", "min_tokens"} <= flagged
+    for cmd, max_tokens in (("generate", 128), ("chat", 512)):
+        got = sampling_kwargs(build_parser().parse_args([cmd] + (["x"] if cmd == "generate" else [])))
+        assert set(got) == flagged
+        assert got == {**{f.name: f.default for f in dataclasses.fields(SamplingParams) if f.name in flagged},
+                       "temperature": 0.0, "max_tokens": max_tokens}
+    line = ["generate", "x", "--temperature", "0.7", "--top-p", "0.9", "--top-k", "5", "--max-tokens", "9",
+            "--seed", "3", "--min-p", "0.1", "--repetition-penalty", "1.1", "--presence-penalty", "0.5",
+            "--frequency-penalty", "-0.5", "--min-tokens", "2"]
+    params = SamplingParams(**sampling_kwargs(build_parser().parse_args(line)))
+    assert (params.temperature, params.top_p, params.top_k, params.max_tokens, params.seed, params.min_p,
+            params.repetition_penalty, params.presence_penalty, params.frequency_penalty, params.min_tokens) == \
+        (0.7, 0.9, 5, 9, 3, 0.1, 1.1, 0.5, -0.5, 2)
 
 
 def _sub(name):

@@ -113,7 +113,8 @@ def router(s: Serving) -> APIRouter:
         streams = [s.engine(body).generate(p, params) for p in ids]
         echo = None
         if body.echo:
-            echo = Echo(prompts, ids, s.token_text(body), lambda p: s.engine(body).tokenizer.decode(p, skip_special_tokens=False))
+            shown = prompts if body.truncate_prompt_tokens is None else ids  # a truncated prompt: what was served
+            echo = Echo(shown, ids, s.token_text(body), lambda p: s.engine(body).tokenizer.decode(p, skip_special_tokens=False))
             streams = [echo.watch(i, st) for i, st in enumerate(streams)]
         choices = s.new_choices(body, CompletionChoice(s.token_text(body)), params.n, ids)  # prompt i's sample k: choice i * n + k
         head = {"id": rid, "object": "text_completion", "created": created, "model": s.name(body)}
