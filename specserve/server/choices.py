@@ -34,11 +34,12 @@ class ChoiceFormat(Protocol):
     def delta(self, c: int, d: StreamDelta, first: bool) -> Any:
         """Choice c's streamed body; falsy when the delta has nothing of its own to send."""
 
-    def logprobs(self, d: StreamDelta, offset: int) -> Optional[dict]:
-        """The delta's logprobs (None if not asked); offset: the choice's text length before it."""
+    def logprobs(self, c: int, d: StreamDelta, offset: int, first: bool) -> Optional[dict]:
+        """Choice c's logprobs of the delta (None if not asked); offset: the choice's text length before
+        it; first: the choice's first delta."""
 
-    def start(self) -> Any:
-        """An empty whole choice's body."""
+    def start(self, c: int) -> Any:
+        """Whole choice c's body before its first delta (empty; completions' echo: the prompt)."""
 
     def extend(self, c: int, choice: dict, d: StreamDelta, lp: Optional[dict]) -> None:
         """Fold the delta's text and logprobs (from logprobs()) into whole choice c."""
@@ -80,7 +81,7 @@ class Choices:
         c = self.index(prompt, d)
         first, offset = self._see(c, d)
         body = self.fmt.delta(c, d, first)
-        lp = self.fmt.logprobs(d, offset)
+        lp = self.fmt.logprobs(c, d, offset, first)
         extra = self._origins(c, d)  # every delta, sent or not: its tokens move the detokenizer on
         if body or d.finished or lp is not None or extra.get("origins"):
             return {"index": c, self.fmt.delta_key: body, "logprobs": lp, "finish_reason": self.fmt.finish_reason(c, d),
@@ -90,12 +91,12 @@ class Choices:
     def add(self, prompt: int, d: StreamDelta) -> None:
         """Not streaming: fold the delta into its whole choice."""
         c = self.index(prompt, d)
-        _, offset = self._see(c, d)
+        first, offset = self._see(c, d)
         ch = self._whole.get(c)
         if ch is None:
-            ch = self._whole[c] = {"index": c, self.fmt.message_key: self.fmt.start(), "logprobs": None,
+            ch = self._whole[c] = {"index": c, self.fmt.message_key: self.fmt.start(c), "logprobs": None,
                                    "finish_reason": None, "stop_reason": None}
-        self.fmt.extend(c, ch, d, self.fmt.logprobs(d, offset))
+        self.fmt.extend(c, ch, d, self.fmt.logprobs(c, d, offset, first))
         if d.finished:
             ch["finish_reason"], ch["stop_reason"] = self.fmt.finish_reason(c, d), d.stop_reason
 

@@ -127,8 +127,6 @@ class CompletionRequest(_Common):
     response_format: Optional[Any] = None
 
     def unsupported(self) -> Optional[tuple[str, str]]:
-        if self.echo and self.stream:
-            return "echo cannot stream here: the prompt comes back with the whole response", "echo"
         if self.suffix:
             return "suffix is not supported", "suffix"
         for name in ("tools", "functions", "tool_choice", "parallel_tool_calls"):

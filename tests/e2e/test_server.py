@@ -201,6 +201,45 @@ def test_echo_returns_the_prompt_and_its_logprobs_as_llm_generate_scores_them(se
     assert plain.choices[0].text == got.choices[0].text and plain.choices[0].logprobs is None
 
 
+def test_streamed_echo_sends_what_the_whole_response_holds(server, client):
+    """echo streams as vLLM's does: each choice's first chunk starts with its prompt (its tokens' scores
+    too, with logprobs); the chunks of a choice add up to the whole response's choice, text and
+    logprobs, for text and token-id prompts, n > 1, logprobs 0 and 2, and a truncated prompt."""
+    def joined(chunks):
+        out = {}
+        for ch in chunks:
+            for c in ch.choices:
+                o = out.setdefault(c.index, {"text": "", "tokens": [], "token_logprobs": [], "top": [], "offsets": []})
+                o["text"] += c.text
+                if c.logprobs is not None:
+                    o["tokens"] += c.logprobs.tokens
+                    o["token_logprobs"] += c.logprobs.token_logprobs
+                    o["top"] += c.logprobs.top_logprobs or []
+                    o["offsets"] += c.logprobs.text_offset
+        return out
+
+    ids = [1] + list(range(300, 306))
+    for kw in (dict(prompt=[PROMPTS[0], PROMPTS[1]], n=2, logprobs=2), dict(prompt=ids, logprobs=0),
+               dict(prompt=PROMPTS[2]), dict(prompt=PROMPTS[1], logprobs=1, extra_body={"truncate_prompt_tokens": 3})):
+        args = dict(model=server["model"], max_tokens=5, temperature=0, echo=True, **kw)
+        whole = client.completions.create(**args)
+        streamed = joined(client.completions.create(**args, stream=True))
+        assert sorted(streamed) == [c.index for c in sorted(whole.choices, key=lambda c: c.index)]
+        for c in whole.choices:
+            s = streamed[c.index]
+            assert s["text"] == c.text
+            if c.logprobs is None:
+                assert s["tokens"] == []
+                continue
+            assert (s["tokens"], s["offsets"]) == (c.logprobs.tokens, c.logprobs.text_offset)
+            assert s["token_logprobs"][0] is None and c.logprobs.token_logprobs[0] is None
+            assert s["token_logprobs"][1:] == pytest.approx(c.logprobs.token_logprobs[1:], abs=1e-5)
+            assert [t and sorted(t) for t in s["top"]] == [t and sorted(t) for t in (c.logprobs.top_logprobs or [])]
+    lp = whole.choices[0].logprobs  # the last case: the truncated prompt is what is echoed and scored
+    assert whole.usage.prompt_tokens == 3 and len(lp.tokens) == 3 + whole.usage.completion_tokens
+    assert whole.choices[0].text.startswith("".join(lp.tokens[:3])) and PROMPTS[1].endswith("".join(lp.tokens[:3]))
+
+
 def test_tokenize_counts_what_generation_feeds_the_model_and_detokenize_inverts_it(server, client, embedded_llm):
     m, tok = server["model"], embedded_llm.tokenizer
     for prompt in PROMPTS:
@@ -235,7 +274,7 @@ def test_tokenize_counts_what_generation_feeds_the_model_and_detokenize_inverts_
 
 @pytest.mark.parametrize("case", ["no key", "bad json", "unknown model", "n too big", "prompt too long", "bad temperature",
                                   "body too big", "unknown route", "empty messages", "penalty", "bad schema",
-                                  "bad response_format", "streamed best_of", "best_of too big", "best_of below n", "streamed echo"])
+                                  "bad response_format", "streamed best_of", "best_of too big", "best_of below n"])
 def test_errors_are_openai_error_objects_with_the_right_status(server, case):
     m = server["model"]
     status, body = {
@@ -260,7 +299,6 @@ def test_errors_are_openai_error_objects_with_the_right_status(server, case):
                                                                             "stream": True}),
         "best_of too big": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "best_of": 9}),
         "best_of below n": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "n": 3, "best_of": 2}),
-        "streamed echo": lambda: raw(server, "POST", "/v1/completions", {"model": m, "prompt": "x", "echo": True, "stream": True}),
     }[case]()
     want = {"no key": 401, "unknown model": 404, "body too big": 413, "unknown route": 404}.get(case, 400)
     assert status == want, body

@@ -45,7 +45,7 @@ class ChatChoice:
             delta["tool_calls"] = calls
         return delta
 
-    def logprobs(self, d: StreamDelta, offset: int) -> Optional[dict]:
+    def logprobs(self, c: int, d: StreamDelta, offset: int, first: bool) -> Optional[dict]:
         if d.logprobs is None:
             return None
         text = self.token_text
@@ -58,7 +58,7 @@ class ChatChoice:
                                              for i, v in tops.items()]})
         return {"content": content}
 
-    def start(self) -> dict:
+    def start(self, c: int) -> dict:
         return {"role": "assistant", "content": ""}
 
     def extend(self, c: int, choice: dict, d: StreamDelta, lp: Optional[dict]) -> None:

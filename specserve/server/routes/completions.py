@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from typing import AsyncIterator, Callable, Optional
+from typing import Callable, Optional
 
 from fastapi import APIRouter, Request
 
@@ -28,7 +28,7 @@ class CompletionChoice:
     def delta(self, c: int, d: StreamDelta, first: bool) -> str:
         return d.text
 
-    def logprobs(self, d: StreamDelta, offset: int) -> Optional[dict]:
+    def logprobs(self, c: int, d: StreamDelta, offset: int, first: bool) -> Optional[dict]:
         if d.logprobs is None:
             return None
         toks = [self.token_text(t) for t in d.token_ids]
@@ -39,7 +39,7 @@ class CompletionChoice:
         tops = [{self.token_text(i): json_logprob(lp) for i, lp in top.items()} for top in d.top_logprobs] if d.top_logprobs else None
         return {"tokens": toks, "token_logprobs": [json_logprob(x) for x in d.logprobs], "top_logprobs": tops, "text_offset": offsets}
 
-    def start(self) -> str:
+    def start(self, c: int) -> str:
         return ""
 
     def finish_reason(self, c: int, d: StreamDelta) -> Optional[str]:
@@ -57,46 +57,39 @@ class CompletionChoice:
         choice["text"] += d.text
 
 
-class Echo:
-    """echo: each choice's text, and its logprobs where asked, start with its prompt's, as in OpenAI's
-    legacy completions and vLLM (what lm-evaluation-harness scores log-likelihoods with). The prompt as
-    sent (a list of ids: their text, special tokens kept); its tokens' log-probabilities under the model,
-    the first None (SamplingParams.prompt_logprobs, on each sample's first delta). Text offsets run over
-    the tokens' texts, prompt then completion (the echoed text where the prompt's tokens spell it: a BOS
-    token's text is in the tokens, not in a prompt string)."""
+class EchoedChoice(CompletionChoice):
+    """echo: each choice's text, and its logprobs where asked, start with its prompt's, streamed or
+    whole, as in OpenAI's legacy completions and vLLM (what lm-evaluation-harness scores
+    log-likelihoods with). The prompt's text: as sent (a list of ids, or a truncated prompt: the ids'
+    text, special tokens kept). Its tokens' log-probabilities under the model, the first None, come on
+    each sample's first delta (SamplingParams.prompt_logprobs). Text offsets run over the tokens' texts,
+    prompt then completion (a BOS token's text is in the tokens, not in a prompt string)."""
 
-    def __init__(self, prompts: list, ids: list[list[int]], token_text: Callable[[int], str], decode: Callable[[list[int]], str]):
-        self.texts = [p if isinstance(p, str) else decode(p) for p in prompts]
-        self.ids, self.token_text = ids, token_text
-        self.scored: dict[tuple[int, int], StreamDelta] = {}  # (prompt, sample) -> its delta with the prompt's scores
+    def __init__(self, token_text: Callable[[int], str], texts: list[str], ids: list[list[int]], n: int):
+        super().__init__(token_text)
+        self.texts, self.ids, self.n = texts, ids, n
+        self.prompt_chars = [sum(len(token_text(t)) for t in p) for p in ids]  # where the completion's offsets start
 
-    def watch(self, i: int, stream: AsyncIterator[StreamDelta]) -> AsyncIterator[StreamDelta]:
-        """Prompt i's stream, its prompt scores kept on the way; closing it closes the engine's (an abort)."""
-        async def watched():
-            try:
-                async for d in stream:
-                    if d.prompt_logprobs is not None:
-                        self.scored[(i, d.index)] = d
-                    yield d
-            finally:
-                await stream.aclose()
-        return watched()
+    def delta(self, c: int, d: StreamDelta, first: bool) -> str:
+        return self.texts[c // self.n] + d.text if first else d.text
 
-    def apply(self, response: dict, n: int) -> dict:
-        for ch in response["choices"]:
-            i = ch["index"] // n
-            text, lp, d = self.texts[i], ch["logprobs"], self.scored.get((i, ch["index"] % n))
-            ch["text"] = text + ch["text"]
-            if lp is None or d is None:
-                continue
-            toks = [self.token_text(t) for t in self.ids[i]]
-            offsets = [0, *itertools.accumulate(len(t) for t in toks)]  # offsets[-1]: the prompt tokens' text
-            tops = None if lp["top_logprobs"] is None else [
-                None if top is None else {self.token_text(t): v for t, v in top.items()} for top in d.prompt_top_logprobs]
-            ch["logprobs"] = {"tokens": toks + lp["tokens"], "token_logprobs": list(d.prompt_logprobs) + lp["token_logprobs"],
-                              "top_logprobs": None if tops is None else tops + lp["top_logprobs"],
-                              "text_offset": offsets[:-1] + [o + offsets[-1] for o in lp["text_offset"]]}
-        return response
+    def start(self, c: int) -> str:
+        return self.texts[c // self.n]
+
+    def logprobs(self, c: int, d: StreamDelta, offset: int, first: bool) -> Optional[dict]:
+        i = c // self.n
+        lp = super().logprobs(c, d, offset + self.prompt_chars[i], first)
+        if not first or d.prompt_logprobs is None:  # scores come with logprobs asked, on the first delta
+            return lp
+        lp = lp or {"tokens": [], "token_logprobs": [], "top_logprobs": None, "text_offset": []}  # a delta of no tokens
+        toks = [self.token_text(t) for t in self.ids[i]]
+        offsets = list(itertools.accumulate((len(t) for t in toks[:-1]), initial=0))
+        scores = [None if x is None else json_logprob(x) for x in d.prompt_logprobs]
+        tops = [None if top is None else {self.token_text(t): json_logprob(v) for t, v in top.items()}
+                for top in d.prompt_top_logprobs] if d.prompt_top_logprobs else None  # [] for logprobs=0: no alternatives
+        return {"tokens": toks + lp["tokens"], "token_logprobs": scores + lp["token_logprobs"],
+                "top_logprobs": None if tops is None and lp["top_logprobs"] is None else (tops or []) + (lp["top_logprobs"] or []),
+                "text_offset": offsets + lp["text_offset"]}
 
 
 def router(s: Serving) -> APIRouter:
@@ -111,14 +104,14 @@ def router(s: Serving) -> APIRouter:
         slot, ids, params = await s.admit_and_prepare(body, prompts)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         streams = [s.engine(body).generate(p, params) for p in ids]
-        echo = None
+        fmt = CompletionChoice(s.token_text(body))
         if body.echo:
+            decode = s.engine(body).tokenizer.decode
             shown = prompts if body.truncate_prompt_tokens is None else ids  # a truncated prompt: what was served
-            echo = Echo(shown, ids, s.token_text(body), lambda p: s.engine(body).tokenizer.decode(p, skip_special_tokens=False))
-            streams = [echo.watch(i, st) for i, st in enumerate(streams)]
-        choices = s.new_choices(body, CompletionChoice(s.token_text(body)), params.n, ids)  # prompt i's sample k: choice i * n + k
+            texts = [p if isinstance(p, str) else decode(p, skip_special_tokens=False) for p in shown]
+            fmt = EchoedChoice(s.token_text(body), texts, ids, params.n)
+        choices = s.new_choices(body, fmt, params.n, ids)  # prompt i's sample k: choice i * n + k
         head = {"id": rid, "object": "text_completion", "created": created, "model": s.name(body)}
-        out = await s.respond(http, slot, body, streams, choices, head, "text_completion")
-        return echo.apply(out, params.n) if echo is not None and isinstance(out, dict) else out
+        return await s.respond(http, slot, body, streams, choices, head, "text_completion")
 
     return r
