@@ -29,14 +29,19 @@ def prompt_token_ids(tokenizer, prompt, add_special_tokens: bool = True) -> list
 
 
 def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                   tools: Optional[list[dict]] = None) -> list[int]:
+                   tools: Optional[list[dict]] = None, continue_final_message: bool = False) -> list[int]:
     """A conversation ([{"role", "content"}]) through the tokenizer's chat template, the assistant's turn
-    opened unless add_generation_prompt is False, with OpenAI-style tool schemas listed where given
-    (a ValueError in one line where the template refuses it or takes no tools)."""
+    opened unless add_generation_prompt is False (or the last message left open to be continued:
+    continue_final_message), with OpenAI-style tool schemas listed where given (a ValueError in one
+    line where the template refuses it or takes no tools)."""
     if tools and not tokenizer.takes_tools:
         raise ValueError("this model's chat template takes no tools (it never reads `tools`)")
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message needs add_generation_prompt=False: the first continues the last "
+                         "message, the second opens a new assistant turn")
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                             continue_final_message=continue_final_message)
     except Exception as e:  # the template's own raise_exception (roles out of order, ...)
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"the chat template refused the messages: {why}") from None
@@ -154,13 +159,16 @@ class LLM:
                 self.engine.rounds.reset_stats()
 
     def chat(self, messages: Union[list[dict], Sequence[list[dict]]], params: Optional[SamplingParams] = None,
-             tools: Optional[list[dict]] = None, **kwargs) -> list[RequestOutput]:
+             tools: Optional[list[dict]] = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, **kwargs) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation (a list of {"role", "content"}) and generate
         (a ValueError in one line where the template refuses one). tools: OpenAI's function schemas
         ([{"type": "function", "function": {"name", "description", "parameters"}}]) for the template to
-        list; the calls come back as the model writes them (Qwen2.5: <tool_call> blocks in the text)."""
+        list; the calls come back as the model writes them (Qwen2.5: <tool_call> blocks in the text).
+        continue_final_message (vLLM's; with add_generation_prompt=False): the output continues the last
+        message, an assistant's answer begun for the model (a prefill)."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [chat_token_ids(self.tokenizer, c, tools=tools) for c in convs]
+        prompts = [chat_token_ids(self.tokenizer, c, add_generation_prompt, tools, continue_final_message) for c in convs]
         return self.generate(prompts, params, **kwargs)
 
     @staticmethod

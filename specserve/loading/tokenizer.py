@@ -152,6 +152,17 @@ def _sentencepiece_bpe(fields: dict, tokens: list[str], types: list[int], path: 
     return backend
 
 
+def open_final_message(text: str, final: Optional[str]) -> str:
+    """A rendered conversation cut after its last message's content, as HF's apply_chat_template does
+    for continue_final_message: at the content's last occurrence, its trailing space kept where the
+    template kept it."""
+    if not isinstance(final, str) or not final.strip() or final.strip() not in text:
+        raise ValueError("continue_final_message: the last message needs text content that the chat template renders")
+    at = text.rindex(final.strip())
+    whole = len(final.lstrip())  # HF's test: the template kept the message as written, trailing space and all
+    return text[:at + whole] if text[at:at + whole] == final else text[:at + len(final.strip())]
+
+
 class Tokenizer:
     def __init__(self, backend: HFTokenizer, eos_token_ids: Sequence[int], bos_token_id: Optional[int],
                  add_bos: bool, chat_template: Optional[str], special_tokens: dict[str, str]):
@@ -260,16 +271,22 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: Optional[list[dict]] = None) -> str:
+                            tools: Optional[list[dict]] = None, continue_final_message: bool = False) -> str:
         """The conversation as the template renders it, in HF transformers' environment: its tojson
         (no HTML escaping, keys in order), raise_exception and strftime_now. tools: OpenAI's function
-        schemas, for a template that lists them (ValueError where it does not read `tools`)."""
+        schemas, for a template that lists them (ValueError where it does not read `tools`).
+        continue_final_message (HF's and vLLM's): the text ends where the last message's content does,
+        its end-of-turn left off, so the model continues that message (an assistant's prefill)."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use generate() with a plain prompt")
         if tools and not self.takes_tools:
             raise ValueError("this model's chat template takes no tools")
-        return self._template().render(messages=messages, add_generation_prompt=add_generation_prompt,
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be set: the first continues "
+                             "the last message, the second opens a new assistant turn")
+        text = self._template().render(messages=messages, add_generation_prompt=add_generation_prompt,
                                        tools=tools or None, **self.special_tokens)
+        return open_final_message(text, messages[-1].get("content")) if continue_final_message else text
 
     @property
     def takes_tools(self) -> bool:

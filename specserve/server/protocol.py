@@ -231,8 +231,14 @@ class ChatCompletionRequest(_Common):
     functions: Optional[Any] = None  # OpenAI's deprecated form of tools
     function_call: Optional[Any] = None
     response_format: Optional[dict[str, Any]] = None
+    # extras (vLLM's): the template's generation prompt, or the last message continued (a prefill)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     def unsupported(self) -> Optional[tuple[str, str]]:
+        if self.continue_final_message and self.add_generation_prompt:  # as vLLM
+            return ("continue_final_message needs add_generation_prompt false: the first continues the last message, "
+                    "the second opens a new assistant turn"), "continue_final_message"
         for name in ("functions", "function_call"):
             if getattr(self, name) is not None:
                 return f"{name} is not supported (OpenAI's deprecated form: use tools and tool_choice)", name
@@ -312,6 +318,7 @@ class TokenizeRequest(BaseModel):
     messages: Optional[list[ChatMessage]] = Field(default=None, min_length=1)
     add_special_tokens: bool = True  # a prompt's BOS where the model adds one (a conversation's come from its template)
     add_generation_prompt: bool = True  # the assistant's turn opened, as /v1/chat/completions does
+    continue_final_message: bool = False  # the last message left open, as /v1/chat/completions would
     return_token_strs: bool = False
     tools: Optional[list[Tool]] = None  # listed by the template, as /v1/chat/completions would
 
@@ -323,6 +330,8 @@ class TokenizeRequest(BaseModel):
             return "give either prompt or messages", "prompt" if self.prompt is None else "messages"
         if self.tools and self.messages is None:
             return "tools are listed by a conversation's chat template: give messages, not prompt", "tools"
+        if self.continue_final_message and self.add_generation_prompt:
+            return "continue_final_message needs add_generation_prompt false", "continue_final_message"
         return None
 
 

@@ -103,7 +103,7 @@ class Serving:
     def prepare(self, body, prompts) -> tuple[list[list[int]], SamplingParams]:
         """Tokenise and check (run in a worker thread: a prompt of megabytes takes seconds)."""
         if isinstance(body, ChatCompletionRequest):
-            ids = [self.encode_messages(body)]
+            ids = [self.encode_messages(body, body.add_generation_prompt)]
         else:
             try:
                 ids = [self.engine(body).encode(p) for p in prompts]
@@ -133,7 +133,7 @@ class Serving:
             tools = None  # "none", or a call guided to its schema: the template goes without them
         try:
             conv = [m.template_dict() for m in body.messages]
-            return llm.encode_chat(conv, add_generation_prompt, tools)
+            return llm.encode_chat(conv, add_generation_prompt, tools, body.continue_final_message)
         except ValueError as e:
             raise ApiError(400, f"messages: {str(e).splitlines()[0]}", param="messages") from None
 

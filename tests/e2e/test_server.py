@@ -201,6 +201,22 @@ def test_echo_returns_the_prompt_and_its_logprobs_as_llm_generate_scores_them(se
     assert plain.choices[0].text == got.choices[0].text and plain.choices[0].logprobs is None
 
 
+def test_chat_continues_a_begun_answer_as_llm_chat_does(server, client, embedded_llm):
+    """vLLM's continue_final_message (with add_generation_prompt false): the answer continues the last
+    message, as LLM.chat's; /tokenize counts the same prompt; both flags set is a 400 naming it."""
+    conv = [{"role": "user", "content": "Write a Python function that adds two numbers."},
+            {"role": "assistant", "content": "def add("}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    want = embedded_llm.chat(conv, SamplingParams(temperature=0, max_tokens=16), **extra)[0]
+    got = client.chat.completions.create(model=server["model"], messages=conv, max_tokens=16, temperature=0, extra_body=extra)
+    assert got.choices[0].message.content == want.outputs[0].text and got.usage.prompt_tokens == len(want.prompt_token_ids)
+    status, body = raw(server, "POST", "/tokenize", {"model": server["model"], "messages": conv, **extra})
+    assert status == 200 and json.loads(body)["tokens"] == want.prompt_token_ids
+    for path in ("/v1/chat/completions", "/tokenize"):
+        status, body = raw(server, "POST", path, {"model": server["model"], "messages": conv, "continue_final_message": True})
+        assert status == 400 and json.loads(body)["error"]["param"] == "continue_final_message", body
+
+
 def test_streamed_echo_sends_what_the_whole_response_holds(server, client):
     """echo streams as vLLM's does: each choice's first chunk starts with its prompt (its tokens' scores
     too, with logprobs); the chunks of a choice add up to the whole response's choice, text and

@@ -160,6 +160,11 @@ def test_qwen_template_renders_tools_and_calls_as_hf_transformers_does(qwen):
         hf = render([c], tools=TOOLS, chat_template=tok.chat_template, add_generation_prompt=True, **tok.special_tokens)
         assert ours == (hf[0][0] if isinstance(hf, tuple) else hf[0])
     assert '"description": "The weather now in a city"' in ours and "<tool_response>\nünïcode" in ours
+    begun = ASK + [{"role": "assistant", "content": "The weather in Paris is "}]  # continue_final_message too
+    ours = tok.apply_chat_template(begun, add_generation_prompt=False, tools=TOOLS, continue_final_message=True)
+    hf = render([begun], tools=TOOLS, chat_template=tok.chat_template, add_generation_prompt=False,
+                continue_final_message=True, **tok.special_tokens)
+    assert ours == (hf[0][0] if isinstance(hf, tuple) else hf[0]) and ours.endswith("The weather in Paris is ")
     # the tags are text Qwen writes, kept when decoding (HF: added tokens that are not special)
     ids = tok.encode("<tool_call>\n{}\n</tool_call><|im_end|>", add_special_tokens=False)
     assert len(ids) == 5 and tok.decode(ids) == "<tool_call>\n{}\n</tool_call>"

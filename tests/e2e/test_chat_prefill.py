@@ -1,0 +1,44 @@
+"""continue_final_message (HF's apply_chat_template, vLLM's LLM.chat and chat endpoint): the last
+message left open so the model continues it, an assistant's answer begun for it (a prefill)."""
+import pytest
+
+from specserve import SamplingParams
+
+render_jinja_template = pytest.importorskip("transformers.utils.chat_template_utils").render_jinja_template
+
+USER = {"role": "user", "content": "Write a Python function that adds two numbers."}
+BEGUN = ["def add(", "Sure, here is the function:\n\n```python\n", "  leading space", "trailing space  ", "ends in a newline\n"]
+
+
+@pytest.mark.parametrize("begun", BEGUN)
+def test_the_open_message_renders_as_hf_transformers_does(embedded_llm, begun):
+    tok = embedded_llm.tokenizer
+    conv = [USER, {"role": "assistant", "content": begun}]
+    ours = tok.apply_chat_template(conv, add_generation_prompt=False, continue_final_message=True)
+    hf = render_jinja_template([conv], chat_template=tok.chat_template, add_generation_prompt=False,
+                               continue_final_message=True, **tok.special_tokens)
+    assert ours == (hf[0][0] if isinstance(hf, tuple) else hf[0])
+    assert ours.rstrip().endswith(begun.strip())  # the end of turn after it is gone
+    assert not ours.endswith(tok.apply_chat_template(conv, add_generation_prompt=False)[-5:])
+
+
+def test_chat_continues_the_final_message(embedded_llm):
+    """The output continues the begun answer: the tokens of generate() on the open conversation."""
+    tok, greedy = embedded_llm.tokenizer, SamplingParams(temperature=0, max_tokens=24)
+    conv = [USER, {"role": "assistant", "content": "def add("}]
+    got = embedded_llm.chat(conv, greedy, add_generation_prompt=False, continue_final_message=True)[0]
+    text = tok.apply_chat_template(conv, add_generation_prompt=False, continue_final_message=True)
+    want = embedded_llm.generate([tok.encode(text, add_special_tokens=False)], greedy)[0]
+    assert got.prompt_token_ids == want.prompt_token_ids and got.outputs[0].token_ids == want.outputs[0].token_ids
+    fresh = embedded_llm.chat([USER], greedy)[0]
+    assert fresh.outputs[0].token_ids != got.outputs[0].token_ids  # the prefill steered it
+
+
+@pytest.mark.parametrize("kw, conv, words", [
+    (dict(continue_final_message=True), [USER], "needs add_generation_prompt=False"),
+    (dict(continue_final_message=True, add_generation_prompt=False), [USER, {"role": "assistant", "content": " "}],
+     "the last message needs text content"),
+])
+def test_refused_in_one_line(embedded_llm, kw, conv, words):
+    with pytest.raises(ValueError, match=words):
+        embedded_llm.chat(conv, SamplingParams(max_tokens=2), **kw)
