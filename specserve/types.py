@@ -111,8 +111,9 @@ class SamplingParams:
     # (vLLM's two forms); a form's last token gets -inf in every row whose output so far (a verify
     # span's rows: with the draft tokens on their path) ends with the form's other tokens.
     bad_words: Optional[Sequence[str]] = None
-    # vLLM's truncate_prompt_tokens: keep only the prompt's last k tokens (-1: as many as the context
-    # leaves room for beside one output token); None: the whole prompt, refused if too long.
+    # vLLM's truncate_prompt_tokens: keep only the prompt's last k tokens (at most the context; -1, this
+    # engine's rule: the context less one token, room for one output token, where vLLM's -1 keeps the
+    # whole context and then refuses it); None: the whole prompt, refused if too long.
     truncate_prompt_tokens: Optional[int] = None
 
     def __post_init__(self):

@@ -70,7 +70,7 @@ def prefill_chunk(text: str):
         raise argparse.ArgumentTypeError(f"must be auto, none or an integer >= 1, got {text!r}") from None
 
 
-# The argparse types a config field's `parse` names (config.option).
+# The argparse types a config field's `parse` names (options.option).
 PARSERS: dict[str, Callable[[str], Any]] = {
     "positive_int": positive_int, "positive_float": positive_float, "model_path": model_path,
     "prefill_chunk": prefill_chunk, "temperature": temperature, "top_p": top_p, "unit": unit, "penalty": penalty}
@@ -79,7 +79,7 @@ _BY_TYPE = {"int": int, "float": float, "Optional[int]": int, "Optional[float]":
 
 
 def flag_of(f: dataclasses.Field) -> Optional[tuple[str, str]]:
-    """(flag, dest) of a field made with config.option, None for the others. The dest is argparse's own
+    """(flag, dest) of a field made with options.option, None for the others. The dest is argparse's own
     (from the flag's name), except for "--no-x" flags, which store into the field's name."""
     if "help" not in f.metadata:
         return None
@@ -97,7 +97,7 @@ def _flags(config_cls, skip: Iterable[str]):
 
 def add_dataclass_args(p: argparse.ArgumentParser, config_cls, skip: Iterable[str] = (),
                        defaults: Optional[dict[str, Any]] = None) -> None:
-    """One flag per field made with config.option (`max_n` -> `--max-n`), its default the field's (or
+    """One flag per field made with options.option (`max_n` -> `--max-n`), its default the field's (or
     defaults[field], this command's own):
     bools as --x/--no-x (or only --no-x where that is the field's flag), ints and floats typed, anything
     else (str, Optional[str]) as a string unless the field names a parser; tuples as "a,b"."""

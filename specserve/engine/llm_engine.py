@@ -169,6 +169,9 @@ class LLMEngine:
         params.validate()  # again: fields may have been changed since construction
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
+        if (params.truncate_prompt_tokens or 0) > self.max_model_len:  # as vLLM
+            raise ValueError(f"truncate_prompt_tokens ({params.truncate_prompt_tokens}) must be at most the model's context "
+                             f"({self.max_model_len}), or -1")
         prompt_token_ids = params.truncated(prompt_token_ids, self.max_model_len)
         if len(prompt_token_ids) >= self.max_model_len:  # first: a huge prompt is refused without a pass over it
             raise ValueError(f"the prompt has {len(prompt_token_ids)} tokens; the model's context is {self.max_model_len}")
@@ -186,8 +189,12 @@ class LLMEngine:
         forms = self._bad_words(params)
         if any(t >= vocab for f in forms for t in f):
             raise ValueError(f"bad_words: a word's token is not in the model's vocabulary [0, {vocab})")
-        if params.min_tokens and params.allowed_token_ids and set(params.allowed_token_ids) <= set(self._stop_ids(params)):
-            raise ValueError("allowed_token_ids: with min_tokens, some allowed token must be one that does not end the output")
+        if params.allowed_token_ids:  # a row with every token ruled out would sample garbage
+            banned = {f[0] for f in forms if len(f) == 1}  # a one-token bad word: out in every row
+            if set(params.allowed_token_ids) <= banned:
+                raise ValueError("allowed_token_ids: every allowed token is a bad word")
+            if params.min_tokens and set(params.allowed_token_ids) <= banned | set(self._stop_ids(params)):
+                raise ValueError("allowed_token_ids: with min_tokens, some allowed token must be one that does not end the output")
         # Admission: one sample's whole sequence (prompt + max_tokens, capped at the context) must fit in
         # the cache, or it would fail midway with its output lost.
         bm = self.scheduler.blocks

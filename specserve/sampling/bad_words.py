@@ -24,7 +24,7 @@ def bad_word_forms(words: Sequence[str], encode: Callable[[str], list[int]]) -> 
         plain = tuple(encode(word.lstrip()))
         spaced = tuple(encode(" " + word.lstrip()))
         forms.append(plain)
-        if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+        if plain and spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
             forms.append(spaced)
     return tuple(dict.fromkeys(f for f in forms if f))
 

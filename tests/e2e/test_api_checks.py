@@ -109,6 +109,13 @@ def test_bad_words_as_vllm_and_lossless_under_speculation(embedded_llm):
     assert llm.spec_stats()["accepted"] > 0
 
 
+def test_allowed_tokens_that_are_all_bad_words_are_refused(embedded_llm):
+    forms = bad_word_forms(["hi"], lambda t: embedded_llm.tokenizer.encode(t, add_special_tokens=False))
+    assert all(len(f) == 1 for f in forms)
+    with pytest.raises(ValueError, match="every allowed token is a bad word"):
+        embedded_llm.generate("x", SamplingParams(max_tokens=2, bad_words=["hi"], allowed_token_ids=[f[0] for f in forms]))
+
+
 def test_truncate_prompt_tokens_serves_the_prompts_last_tokens(embedded_llm):
     """vLLM's truncate_prompt_tokens: the answer to the last k tokens, reported as the prompt; -1 keeps
     what the context has room for, where the whole prompt would be refused."""
@@ -121,6 +128,8 @@ def test_truncate_prompt_tokens_serves_the_prompts_last_tokens(embedded_llm):
     assert len(ids) > 32
     with pytest.raises(ValueError, match="context is 32"):
         short.generate([ids], SamplingParams(**greedy))
+    with pytest.raises(ValueError, match="truncate_prompt_tokens .33. must be at most the model's context .32."):
+        short.generate([ids], SamplingParams(**greedy, truncate_prompt_tokens=33))
     out = short.generate([ids], SamplingParams(**greedy, truncate_prompt_tokens=-1))[0]
     assert out.prompt_token_ids == ids[-31:] and len(out.outputs[0].token_ids) == 1  # the context's last slot
 

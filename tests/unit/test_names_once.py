@@ -63,7 +63,7 @@ def test_every_keyword_of_llm_is_a_config_field():
 
 
 def test_every_flagged_field_has_its_flag_and_its_help():
-    """A field made with config.option is a flag of generate (serve for the batch size) with the
+    """A field made with options.option is a flag of generate (serve for the batch size) with the
     field's help; choices from a registry list its names."""
     helps = {a.dest: a for p in (_sub("generate"), _sub("serve")) for a in p._actions}
     for cls in (ModelConfig, LoadConfig, CacheConfig, SchedulerConfig, SpeculativeConfig, GuidedConfig, SamplingParams):

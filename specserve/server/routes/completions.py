@@ -84,11 +84,16 @@ class EchoedChoice(CompletionChoice):
         lp = lp or {"tokens": [], "token_logprobs": [], "top_logprobs": None, "text_offset": []}  # a delta of no tokens
         toks = [self.token_text(t) for t in self.ids[i]]
         offsets = list(itertools.accumulate((len(t) for t in toks[:-1]), initial=0))
+        # a sample stopped by best_of_deadline_s before its prompt was scored: the rest of its scores None
         scores = [None if x is None else json_logprob(x) for x in d.prompt_logprobs]
-        tops = [None if top is None else {self.token_text(t): json_logprob(v) for t, v in top.items()}
-                for top in d.prompt_top_logprobs] if d.prompt_top_logprobs else None  # [] for logprobs=0: no alternatives
-        return {"tokens": toks + lp["tokens"], "token_logprobs": scores + lp["token_logprobs"],
-                "top_logprobs": None if tops is None and lp["top_logprobs"] is None else (tops or []) + (lp["top_logprobs"] or []),
+        scores += [None] * (len(toks) - len(scores))
+        tops = None  # logprobs=0: no alternatives (prompt_top_logprobs None, the completion's None)
+        if d.prompt_top_logprobs or lp["top_logprobs"] is not None:
+            tops = [None if top is None else {self.token_text(t): json_logprob(v) for t, v in top.items()}
+                    for top in d.prompt_top_logprobs or []]
+            tops += [None] * (len(toks) - len(tops))
+            tops += lp["top_logprobs"] or []
+        return {"tokens": toks + lp["tokens"], "token_logprobs": scores + lp["token_logprobs"], "top_logprobs": tops,
                 "text_offset": offsets + lp["text_offset"]}
 
 
