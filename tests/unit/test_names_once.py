@@ -121,3 +121,14 @@ def test_the_bench_table_names_every_bench_and_its_runner():
         module, _, attr = entry.run.partition(":")
         assert attr.startswith("run_") and module.startswith("specserve_bench.")
     assert callable(resolve(BENCHES["prefix"].run))  # a light module: its import proves the table's form
+
+
+def test_a_placements_model_handle_takes_the_calls_the_server_makes_as_asyncllm_does():
+    """The server calls one model interface: AsyncLLM's, and a placement's ModelReplicas
+    (cluster/router.py) in its place; a parameter added to one and not the other is a 500 under
+    `serve --placement` only."""
+    from specserve.cluster.router import ModelReplicas
+    from specserve.engine.async_llm import AsyncLLM
+    for name in ("encode", "encode_chat", "check", "abort"):
+        ours, theirs = (list(inspect.signature(getattr(c, name)).parameters) for c in (ModelReplicas, AsyncLLM))
+        assert ours == theirs, name
