@@ -35,6 +35,10 @@ class ModelConfig:
     # several times cheaper rows, output within the mode's own bits (not fp32's)
     activations: str = option("fp32", "the GGUF block kernels' activations: fp32 (exact; default) or int8 (8 bits per "
                                       "32 values, as llama.cpp; faster)", choices=ACTIVATIONS)
+    # None: the model's own (GGUF tokenizer.chat_template, an HF directory's, else one built in for its architecture)
+    chat_template: Optional[str] = option(
+        None, "a Jinja chat template in place of the model's own: a file, or the template's text (as vLLM's "
+              "--chat-template)")
     # None: all cores, governed by load (engine/threads.py)
     num_threads: Optional[int] = option(
         None, "pin the CPU threads (default: all cores, fewer while other processes compete)", flag="--threads",

@@ -85,8 +85,10 @@ class ModelReplicas:
         return prompt_token_ids(self.tokenizer, prompt, add_special_tokens)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    tools: Optional[list[dict]] = None, continue_final_message: bool = False) -> list[int]:
-        return chat_token_ids(self.tokenizer, messages, add_generation_prompt, tools, continue_final_message)
+                    tools: Optional[list[dict]] = None, continue_final_message: bool = False,
+                    chat_template_kwargs: Optional[dict] = None) -> list[int]:
+        return chat_token_ids(self.tokenizer, messages, add_generation_prompt, tools, continue_final_message,
+                              chat_template_kwargs)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """ValueError (one line) if the request cannot be served: asked of a live replica (every replica

@@ -110,9 +110,11 @@ class AsyncLLM:
         return prompt_token_ids(self.tokenizer, prompt, add_special_tokens)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    tools: Optional[list[dict]] = None, continue_final_message: bool = False) -> list[int]:
+                    tools: Optional[list[dict]] = None, continue_final_message: bool = False,
+                    chat_template_kwargs: Optional[dict] = None) -> list[int]:
         """A conversation ([{"role", "content"}]) through the model's chat template, as LLM.chat does."""
-        return chat_token_ids(self.tokenizer, messages, add_generation_prompt, tools, continue_final_message)
+        return chat_token_ids(self.tokenizer, messages, add_generation_prompt, tools, continue_final_message,
+                              chat_template_kwargs)
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """ValueError (one line) if the request cannot be served; reads only fixed engine settings."""

@@ -29,11 +29,12 @@ def prompt_token_ids(tokenizer, prompt, add_special_tokens: bool = True) -> list
 
 
 def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                   tools: Optional[list[dict]] = None, continue_final_message: bool = False) -> list[int]:
+                   tools: Optional[list[dict]] = None, continue_final_message: bool = False,
+                   template_kwargs: Optional[dict] = None) -> list[int]:
     """A conversation ([{"role", "content"}]) through the tokenizer's chat template, the assistant's turn
     opened unless add_generation_prompt is False (or the last message left open to be continued:
-    continue_final_message), with OpenAI-style tool schemas listed where given (a ValueError in one
-    line where the template refuses it or takes no tools)."""
+    continue_final_message), with OpenAI-style tool schemas listed where given and the template's own
+    variables (template_kwargs) set (a ValueError in one line where the template refuses it or takes no tools)."""
     if tools and not tokenizer.takes_tools:
         raise ValueError("this model's chat template takes no tools (it never reads `tools`)")
     if continue_final_message and add_generation_prompt:
@@ -41,7 +42,7 @@ def chat_token_ids(tokenizer, messages: list[dict], add_generation_prompt: bool 
                          "message, the second opens a new assistant turn")
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                             continue_final_message=continue_final_message)
+                                             continue_final_message=continue_final_message, template_kwargs=template_kwargs)
     except Exception as e:  # the template's own raise_exception (roles out of order, ...)
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"the chat template refused the messages: {why}") from None
@@ -68,7 +69,8 @@ class LLM:
     """
 
     def __init__(self, model: Optional[str] = None, dtype: str = "auto", device: str = "cpu",
-                 block_kernels: bool = True, activations: str = "fp32", num_threads: Optional[int] = None, kv_cache_gib: float = 1.0,
+                 block_kernels: bool = True, activations: str = "fp32", num_threads: Optional[int] = None,
+                 chat_template: Optional[str] = None, kv_cache_gib: float = 1.0,
                  block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: Optional[int] = None, speculative: Union[dict, str, SpeculativeConfig, None] = None,
                  guided_fast_forward: bool = True, enable_prefix_caching: bool = True,
@@ -76,7 +78,8 @@ class LLM:
                  batch_invariant: bool = False, check_tensors: bool = False, check_memory: bool = True):
         self.config = EngineConfig(
             model=ModelConfig(model=model, dtype=dtype, device=device, block_kernels=block_kernels,
-                              activations=activations, num_threads=num_threads, cuda_graphs=cuda_graphs,
+                              activations=activations, num_threads=num_threads, chat_template=chat_template,
+                              cuda_graphs=cuda_graphs,
                               cuda_rounds=cuda_rounds, batch_invariant=batch_invariant),
             load=LoadConfig(check_tensors=check_tensors, check_memory=check_memory),
             cache=CacheConfig(block_size=block_size, kv_cache_gib=kv_cache_gib, enable_prefix_caching=enable_prefix_caching),
@@ -160,15 +163,18 @@ class LLM:
 
     def chat(self, messages: Union[list[dict], Sequence[list[dict]]], params: Optional[SamplingParams] = None,
              tools: Optional[list[dict]] = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, **kwargs) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template_kwargs: Optional[dict] = None,
+             **kwargs) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation (a list of {"role", "content"}) and generate
         (a ValueError in one line where the template refuses one). tools: OpenAI's function schemas
         ([{"type": "function", "function": {"name", "description", "parameters"}}]) for the template to
         list; the calls come back as the model writes them (Qwen2.5: <tool_call> blocks in the text).
         continue_final_message (vLLM's; with add_generation_prompt=False): the output continues the last
-        message, an assistant's answer begun for the model (a prefill)."""
+        message, an assistant's answer begun for the model (a prefill). chat_template_kwargs (vLLM's):
+        more variables for the template."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [chat_token_ids(self.tokenizer, c, add_generation_prompt, tools, continue_final_message) for c in convs]
+        prompts = [chat_token_ids(self.tokenizer, c, add_generation_prompt, tools, continue_final_message, chat_template_kwargs)
+                   for c in convs]
         return self.generate(prompts, params, **kwargs)
 
     @staticmethod

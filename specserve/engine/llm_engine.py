@@ -16,6 +16,7 @@ from ..drafters import Drafter, DrafterContext, TreeShape, build_drafter
 from ..kv.block_manager import BlockManager
 from ..kv.cache import KVCache
 from ..loading import IncrementalDetokenizer, load_model_files
+from ..loading.tokenizer import read_chat_template
 from ..loading.validate import validate_loaded
 from ..models import build_model
 from ..sampling.bad_words import bad_word_forms
@@ -63,6 +64,8 @@ class LLMEngine:
             raise ValueError("float16 is for CUDA; on CPU use float32 (default) or bfloat16")
         t0 = time.perf_counter()
         self.model_path, self.arch, weights, self.tokenizer = load_model_files(mc.model, keep_quantized=mc.block_kernels)
+        if mc.chat_template is not None:
+            self.tokenizer.set_chat_template(read_chat_template(mc.chat_template))
         self.max_model_len = config.scheduler.max_model_len or self.arch.max_position_embeddings
         if self.max_model_len > self.arch.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's context "

@@ -152,6 +152,17 @@ def _sentencepiece_bpe(fields: dict, tokens: list[str], types: list[int], path: 
     return backend
 
 
+def read_chat_template(value: str) -> str:
+    """A chat template given as a file's path or as the template's text (vLLM's --chat-template: text
+    with Jinja's braces or a newline is the template itself)."""
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if any(c in value for c in "{}\n"):
+        return value
+    raise ValueError(f"chat_template: {value}: no such file, and not a template (no Jinja braces)")
+
+
 def open_final_message(text: str, final: Optional[str]) -> str:
     """A rendered conversation cut after its last message's content, as HF's apply_chat_template does
     for continue_final_message: at the content's last occurrence, its trailing space kept where the
@@ -271,12 +282,15 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: Optional[list[dict]] = None, continue_final_message: bool = False) -> str:
+                            tools: Optional[list[dict]] = None, continue_final_message: bool = False,
+                            template_kwargs: Optional[dict] = None) -> str:
         """The conversation as the template renders it, in HF transformers' environment: its tojson
         (no HTML escaping, keys in order), raise_exception and strftime_now. tools: OpenAI's function
         schemas, for a template that lists them (ValueError where it does not read `tools`).
         continue_final_message (HF's and vLLM's): the text ends where the last message's content does,
-        its end-of-turn left off, so the model continues that message (an assistant's prefill)."""
+        its end-of-turn left off, so the model continues that message (an assistant's prefill).
+        template_kwargs (vLLM's chat_template_kwargs): more variables for the template (Qwen3's
+        enable_thinking, ...); the ones above are set by their own arguments."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use generate() with a plain prompt")
         if tools and not self.takes_tools:
@@ -284,9 +298,20 @@ class Tokenizer:
         if continue_final_message and add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt cannot both be set: the first continues "
                              "the last message, the second opens a new assistant turn")
-        text = self._template().render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                       tools=tools or None, **self.special_tokens)
+        taken = {"messages", "tools", "add_generation_prompt", "continue_final_message"} & set(template_kwargs or {})
+        if taken:
+            raise ValueError(f"chat_template_kwargs: {', '.join(sorted(taken))} is set by its own argument, not here")
+        text = self._template().render(**{**self.special_tokens, **(template_kwargs or {})}, messages=messages,
+                                       add_generation_prompt=add_generation_prompt, tools=tools or None)
         return open_final_message(text, messages[-1].get("content")) if continue_final_message else text
+
+    def set_chat_template(self, template: str) -> None:
+        """Use this Jinja template for chats (ValueError in one line where Jinja cannot parse it)."""
+        try:
+            ImmutableSandboxedEnvironment().parse(template)
+        except jinja2.TemplateError as e:
+            raise ValueError(f"chat_template: not a Jinja template: {str(e).splitlines()[0]}") from None
+        self.chat_template = template
 
     @property
     def takes_tools(self) -> bool:

@@ -234,6 +234,7 @@ class ChatCompletionRequest(_Common):
     # extras (vLLM's): the template's generation prompt, or the last message continued (a prefill)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # more variables for the template (Qwen3's enable_thinking)
 
     def unsupported(self) -> Optional[tuple[str, str]]:
         if self.continue_final_message and self.add_generation_prompt:  # as vLLM
@@ -319,6 +320,7 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool = True  # a prompt's BOS where the model adds one (a conversation's come from its template)
     add_generation_prompt: bool = True  # the assistant's turn opened, as /v1/chat/completions does
     continue_final_message: bool = False  # the last message left open, as /v1/chat/completions would
+    chat_template_kwargs: Optional[dict[str, Any]] = None
     return_token_strs: bool = False
     tools: Optional[list[Tool]] = None  # listed by the template, as /v1/chat/completions would
 

@@ -133,7 +133,7 @@ class Serving:
             tools = None  # "none", or a call guided to its schema: the template goes without them
         try:
             conv = [m.template_dict() for m in body.messages]
-            return llm.encode_chat(conv, add_generation_prompt, tools, body.continue_final_message)
+            return llm.encode_chat(conv, add_generation_prompt, tools, body.continue_final_message, body.chat_template_kwargs)
         except ValueError as e:
             raise ApiError(400, f"messages: {str(e).splitlines()[0]}", param="messages") from None
 

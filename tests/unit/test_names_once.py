@@ -19,7 +19,8 @@ ENGINE_DEFAULTS = dict(model=None, dtype="auto", device="cpu", num_threads=None,
                        check_memory=True, activations="fp32",  # activations: issue 37's mode, added since 0ae6532
                        cuda_rounds=16,  # issue 41's rounds on the GPU, added since
                        batch_invariant=False,  # issue 41's batch-invariant projections, added since
-                       max_model_len=None)  # --max-model-len (vLLM's flag), added since
+                       max_model_len=None,  # --max-model-len (vLLM's flag), added since
+                       chat_template=None)  # --chat-template (vLLM's flag), added since
 
 
 def kwargs(line):
