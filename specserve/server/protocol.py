@@ -8,7 +8,7 @@ streaming best_of, chat-only parameters on /v1/completions) get a 400 that names
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,6 +28,8 @@ SAMPLING_FIELDS = ("presence_penalty", "frequency_penalty", "repetition_penalty"
 
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
+    # max_tokens left out: the rest of the context (chat, as vLLM), or OpenAI's 16 (completions)
+    fills_context: ClassVar[bool] = True
 
     model: Optional[str] = None
     max_tokens: Optional[int] = None
@@ -117,6 +119,7 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     prompt: Union[str, list[int], list[str], list[list[int]]]
     logprobs: Optional[int] = None  # 0..5 in OpenAI's API (here up to MAX_TOP_LOGPROBS)
+    fills_context: ClassVar[bool] = False
     echo: bool = False
     suffix: Optional[str] = None
     # chat parameters: not part of /v1/completions, so refused by name rather than ignored as if honoured

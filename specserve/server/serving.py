@@ -21,7 +21,7 @@ from .config import ServerConfig
 from .errors import ApiError
 from .limits import InFlight, SlotStreamingResponse
 from .metrics import RequestTracker, ServerMetrics
-from .protocol import ChatCompletionRequest, CompletionRequest, error_body
+from .protocol import ChatCompletionRequest, error_body
 
 
 class Serving:
@@ -80,7 +80,7 @@ class Serving:
             # more than the KV cache holds (1 GiB holds 18.7k tokens of the 1.5B, whose context is 32k):
             # a chat client that leaves max_tokens out is served, not refused for a length it never asked
             fits = llm.cache_tokens - longest
-            default = max(1, min(16, room, fits) if isinstance(body, CompletionRequest) else min(room, fits))
+            default = max(1, min(room, fits) if body.fills_context else min(16, room, fits))
             params = body.sampling_params(default, logprobs)
             for ids in prompts_ids:
                 llm.check(ids, params)
@@ -160,7 +160,7 @@ class Serving:
         non-streamed response names instead (chat's "chat.completion" for its chunks' "chat.completion.chunk")."""
         if body.stream:
             async def events():
-                async for chunk in self._chunks(body, streams, choices, head):
+                async for chunk in self.chunks(body, streams, choices, head):
                     yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
                 yield "data: [DONE]\n\n"
             return SlotStreamingResponse(events(), slot, media_type="text/event-stream")
@@ -176,7 +176,7 @@ class Serving:
         finally:
             slot.release()
 
-    async def _chunks(self, body, streams, choices: Choices, head: dict) -> AsyncIterator[dict]:
+    async def chunks(self, body, streams, choices: Choices, head: dict) -> AsyncIterator[dict]:
         """A stream's events: a chunk per delta worth sending, then the usage if asked."""
         tr = RequestTracker(self.metrics, choices.prompt_tokens)
         try:

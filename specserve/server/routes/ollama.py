@@ -1,0 +1,240 @@
+"""ollama's API (/api/chat, /api/generate, /api/tags, /api/show, /api/version) for the clients that
+speak it (ollama's own libraries, LangChain's ChatOllama, Open WebUI's Ollama connection).
+
+A request is translated into the OpenAI request it means (protocol.py) and runs the same path as
+/v1/chat/completions and /v1/completions (serving.py: the same checks, limits, metrics and aborts);
+its answer comes back as ollama's objects, streamed (the default) as NDJSON lines. Errors are
+ollama's {"error": "..."} with the status.
+
+Where it differs from ollama: its sampling defaults are kept (temperature 0.8, top_k 40, top_p 0.9)
+but not its repeat_penalty 1.1 over the last 64 tokens: a repeat_penalty given counts the whole
+sequence, as vLLM's repetition_penalty does. No images, suffix or (deprecated) context; keep_alive
+is accepted and ignored (the model stays loaded); num_ctx is the server's --max-model-len.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from typing import Any, AsyncIterator, Optional
+
+import pydantic
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from ... import __version__
+from ...types import StreamDelta
+from ..errors import ApiError
+from ..limits import SlotStreamingResponse
+from ..protocol import ChatCompletionRequest, CompletionRequest
+from ..serving import Serving
+from .chat import ChatChoice
+from .completions import CompletionChoice
+
+# ollama's options -> the OpenAI request's fields (vLLM's extras where OpenAI has none)
+OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
+           "stop": "stop", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+           "frequency_penalty": "frequency_penalty"}
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}  # ollama's (api/types.go DefaultOptions)
+
+
+class OllamaError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def request_fields(body: dict) -> dict:
+    """The OpenAI request's fields from ollama's options, format and stream."""
+    opts = body.get("options") or {}
+    if not isinstance(opts, dict):
+        raise OllamaError(400, "options must be an object")
+    out: dict[str, Any] = {OPTIONS[k]: v for k, v in {**DEFAULTS, **opts}.items() if k in OPTIONS}
+    if isinstance(out.get("seed"), int) and out["seed"] < 0:  # ollama's -1: no seed
+        del out["seed"]
+    n = opts.get("num_predict")
+    if n is not None and not (isinstance(n, int) and (n >= 1 or n in (-1, -2))):
+        raise OllamaError(400, f"num_predict must be -1, -2 or an integer >= 1, got {n!r}")
+    if n is not None and n >= 1:
+        out["max_tokens"] = n  # -1 and -2: until a stop or the context's end
+    fmt = body.get("format")
+    if fmt == "json":
+        out["guided_json"] = {"type": "object"}
+    elif isinstance(fmt, dict):
+        out["guided_json"] = fmt
+    elif fmt not in (None, ""):
+        raise OllamaError(400, 'format must be "json" or a JSON Schema')
+    for name in ("images", "suffix", "context", "template"):
+        if body.get(name):
+            raise OllamaError(400, f"{name} is not supported")
+    stream = body.get("stream", True)  # ollama streams unless told not to
+    out.update(stream=stream, stream_options={"include_usage": True} if stream else None)
+    return out
+
+
+class FillingCompletion(CompletionRequest):
+    """A raw /api/generate: no num_predict means until a stop or the context's end, as ollama's -1."""
+    fills_context = True
+
+
+def router(s: Serving) -> APIRouter:
+    r = APIRouter()
+
+    def card(name: str) -> dict:
+        return {"name": name, "model": name, "modified_at": _now(), "size": 0, "digest": "",
+                "details": {"format": "gguf", "family": "", "parameter_size": "", "quantization_level": ""}}
+
+    @r.get("/api/version")
+    async def version():
+        return {"version": __version__}
+
+    @r.get("/api/tags")
+    async def tags():
+        return {"models": [card(name) for name in s.models]}
+
+    @r.post("/api/show")
+    async def show(http: Request):
+        try:
+            body = await _json(http)
+            name = body.get("model") or body.get("name") or s.model_name
+            if name not in s.models:
+                raise OllamaError(404, f"model '{name}' not found")
+        except OllamaError as e:
+            return JSONResponse({"error": e.message}, status_code=e.status)
+        tok = s.models[name].tokenizer
+        return {"template": tok.chat_template or "", "parameters": "", "modelfile": "", "details": card(name)["details"],
+                "model_info": {"context_length": s.models[name].max_model_len},
+                "capabilities": ["completion"] + (["tools"] if tok.takes_tools else [])}
+
+    @r.post("/api/chat")
+    async def chat(http: Request):
+        return await _run(http, chat=True)
+
+    @r.post("/api/generate")
+    async def generate(http: Request):
+        return await _run(http, chat=False)
+
+    async def _run(http: Request, chat: bool):
+        t0 = time.perf_counter_ns()
+        try:
+            body = await _json(http)
+            name = body.get("model") or s.model_name
+            if name not in s.models:
+                raise OllamaError(404, f"model '{name}' not found, try pulling it first")
+            fields = {"model": name, **request_fields(body)}
+            if not chat and not body.get("prompt"):  # ollama's way of loading a model: nothing to generate
+                return {"model": name, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
+            try:
+                if chat:
+                    req = ChatCompletionRequest(messages=body.get("messages"), tools=body.get("tools"), **fields)
+                elif body.get("raw"):
+                    req = FillingCompletion(prompt=body.get("prompt"), **fields)
+                else:
+                    system = [{"role": "system", "content": body["system"]}] if body.get("system") else []
+                    req = ChatCompletionRequest(messages=system + [{"role": "user", "content": body.get("prompt")}], **fields)
+            except pydantic.ValidationError as e:
+                err = e.errors()[0]
+                raise OllamaError(400, f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+            s.check_common(req)
+            prompts = None if isinstance(req, ChatCompletionRequest) else req.prompts()
+            slot, ids, params = await s.admit_and_prepare(req, prompts)
+        except OllamaError as e:
+            return JSONResponse({"error": e.message}, status_code=e.status)
+        except ApiError as e:
+            return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+        is_chat = isinstance(req, ChatCompletionRequest)
+        reply = _Reply(name, chat, is_chat, t0)
+        streams = [reply.timed(s.engine(req).generate(ids[0], params))]
+        fmt = ChatChoice(s.token_text(req), req.tool_mode()) if is_chat else CompletionChoice(s.token_text(req))
+        choices = s.new_choices(req, fmt, 1, ids)
+        if req.stream:
+            async def lines():
+                async for chunk in s.chunks(req, streams, choices, {}):
+                    line = reply.line(chunk)
+                    if line is not None:
+                        yield json.dumps(line, ensure_ascii=False) + "\n"
+            return SlotStreamingResponse(lines(), slot, media_type="application/x-ndjson")
+        whole = await s.respond(http, slot, req, streams, choices, {}, "")
+        return reply.whole(whole) if isinstance(whole, dict) else whole
+
+    return r
+
+
+async def _json(http: Request) -> dict:
+    try:
+        body = await http.json()
+    except ValueError:
+        raise OllamaError(400, "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise OllamaError(400, "the request body must be a JSON object")
+    return body
+
+
+def _reason(finish: Optional[str]) -> Optional[str]:
+    """ollama's done_reason: stop or length (an answer of tool calls is a stop there)."""
+    return "stop" if finish == "tool_calls" else finish
+
+
+class _Reply:
+    """OpenAI chunks or a whole response -> ollama's objects: a line per piece of text (chat: a
+    message), then the last with done, done_reason and the counts and durations (nanoseconds)."""
+
+    def __init__(self, model: str, chat: bool, from_chat: bool, t0: int):
+        # chat: /api/chat (a message) or /api/generate (a response); from_chat: the OpenAI answer is chat's
+        self.model, self.chat, self.from_chat, self.t0 = model, chat, from_chat, t0
+        self.first: Optional[int] = None  # when the first token came
+        self.reason: Optional[str] = None
+
+    async def timed(self, stream: AsyncIterator[StreamDelta]) -> AsyncIterator[StreamDelta]:
+        """The engine's deltas, the first token's time noted (ollama's prompt_eval_duration ends there);
+        closing it closes the engine's stream (an abort)."""
+        try:
+            async for d in stream:
+                if self.first is None and d.token_ids:
+                    self.first = time.perf_counter_ns()
+                yield d
+        finally:
+            await stream.aclose()
+
+    def _body(self, text: str, calls: Optional[list] = None) -> dict:
+        if not self.chat:
+            return {"response": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:  # OpenAI's calls carry their arguments as JSON text, ollama's as an object
+            message["tool_calls"] = [{"function": {"name": c["function"]["name"],
+                                                   "arguments": json.loads(c["function"]["arguments"] or "{}")}}
+                                     for c in calls]
+        return {"message": message}
+
+    def _done(self, usage: dict) -> dict:
+        end = time.perf_counter_ns()
+        first = self.first or end
+        return {"done": True, "done_reason": self.reason or "stop", "total_duration": end - self.t0, "load_duration": 0,
+                "prompt_eval_count": usage["prompt_tokens"], "prompt_eval_duration": first - self.t0,
+                "eval_count": usage["completion_tokens"], "eval_duration": end - first}
+
+    def line(self, chunk: dict) -> Optional[dict]:
+        head = {"model": self.model, "created_at": _now()}
+        if "error" in chunk:
+            return {"error": chunk["error"]["message"]}
+        if "usage" in chunk:
+            return {**head, **self._body(""), **self._done(chunk["usage"])}
+        choice = chunk["choices"][0]
+        self.reason = _reason(choice["finish_reason"]) or self.reason
+        delta = choice.get("delta") or {}
+        text = delta.get("content") or "" if self.from_chat else choice.get("text", "")
+        calls = delta.get("tool_calls")
+        if not text and not calls:
+            return None
+        return {**head, **self._body(text, calls), "done": False}
+
+    def whole(self, response: dict) -> dict:
+        choice = response["choices"][0]
+        self.reason = _reason(choice["finish_reason"])
+        text = choice["message"]["content"] or "" if self.from_chat else choice["text"]
+        calls = choice["message"].get("tool_calls") if self.from_chat else None
+        return {"model": self.model, "created_at": _now(), **self._body(text, calls), **self._done(response["usage"])}

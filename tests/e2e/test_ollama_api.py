@@ -1,0 +1,93 @@
+"""ollama's API (server/routes/ollama.py) with ollama's own client, request for request against
+LLM.chat / LLM.generate on the embedded model: chat and generate, whole and streamed, raw prompts,
+a system prompt, ollama's sampling defaults under a seed, format as a schema, the model list, and
+errors as ollama's {"error": ...}."""
+import json
+
+import pytest
+
+from specserve import SamplingParams
+
+from .serving import running
+
+ollama = pytest.importorskip("ollama")
+jsonschema = pytest.importorskip("jsonschema")
+
+CONV = [{"role": "user", "content": "Name three colours."}]
+GREEDY = {"temperature": 0, "num_predict": 16}
+
+
+@pytest.fixture(scope="module")
+def served():
+    from specserve import AsyncLLM
+    from specserve.server.app import build_app
+    from specserve.server.config import ServerConfig
+    llm = AsyncLLM(kv_cache_gib=0.25)
+    with running(build_app(llm, ServerConfig())) as port, running(build_app(llm, ServerConfig(api_key="k"))) as guarded:
+        yield ollama.Client(host=f"http://127.0.0.1:{port}", timeout=120), llm.model_name, guarded
+    llm.shutdown()
+
+
+def test_chat_whole_and_streamed_is_llm_chat(served, embedded_llm):
+    client, model, _ = served
+    want = embedded_llm.chat(CONV, SamplingParams(temperature=0, max_tokens=16))[0]
+    got = client.chat(model=model, messages=CONV, options=GREEDY)
+    assert got.message.role == "assistant" and got.message.content == want.outputs[0].text
+    assert got.done and got.done_reason == "length" and got.eval_count == 16
+    assert got.prompt_eval_count == len(want.prompt_token_ids) and got.eval_duration > 0 and got.total_duration > 0
+    parts = list(client.chat(model=model, messages=CONV, options=GREEDY, stream=True))
+    assert "".join(p.message.content for p in parts) == want.outputs[0].text
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True] and parts[-1].eval_count == 16
+
+
+def test_generate_templated_raw_and_with_a_system_prompt(served, embedded_llm):
+    client, model, _ = served
+    greedy = SamplingParams(temperature=0, max_tokens=16)
+    want = embedded_llm.chat(CONV, greedy)[0].outputs[0].text
+    assert client.generate(model=model, prompt=CONV[0]["content"], options=GREEDY).response == want
+    system = [{"role": "system", "content": "Answer in French."}]
+    want = embedded_llm.chat(system + CONV, greedy)[0].outputs[0].text
+    assert client.generate(model=model, prompt=CONV[0]["content"], system=system[0]["content"], options=GREEDY).response == want
+    want = embedded_llm.generate("def add(a, b):", greedy)[0].outputs[0].text
+    parts = list(client.generate(model=model, prompt="def add(a, b):", raw=True, options=GREEDY, stream=True))
+    assert "".join(p.response for p in parts) == want and parts[-1].done
+    loaded = client.generate(model=model, prompt="")  # ollama's way of loading a model
+    assert loaded.done and loaded.done_reason == "load" and loaded.response == ""
+
+
+def test_ollamas_sampling_defaults_under_a_seed(served, embedded_llm):
+    """Unset options take ollama's defaults (temperature 0.8, top_k 40, top_p 0.9): a seeded request
+    is LLM.chat's with those."""
+    client, model, _ = served
+    want = embedded_llm.chat(CONV, SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=3, max_tokens=24))[0]
+    got = client.chat(model=model, messages=CONV, options={"seed": 3, "num_predict": 24})
+    assert got.message.content == want.outputs[0].text
+    other = client.chat(model=model, messages=CONV, options={"seed": 3, "num_predict": 24, "temperature": 1.5, "top_k": 0})
+    assert other.message.content != want.outputs[0].text
+
+
+def test_format_as_a_schema_is_guided(served):
+    client, model, _ = served
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+              "required": ["colour"], "additionalProperties": False}
+    got = client.chat(model=model, messages=CONV, format=schema, options={"temperature": 0, "num_predict": 40})
+    jsonschema.validate(json.loads(got.message.content), schema)
+
+
+def test_models_and_errors(served):
+    import requests
+    client, model, guarded = served
+    assert [m.model for m in client.list().models] == [model]
+    assert "completion" in client.show(model).capabilities
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="nope", messages=CONV)
+    assert e.value.status_code == 404 and "nope" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model=model, messages=CONV, options={"num_predict": 0})
+    assert e.value.status_code == 400 and "num_predict" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:  # the embedded model's template lists no tools
+        client.chat(model=model, messages=CONV, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    assert e.value.status_code == 400 and "tools" in e.value.error
+    base = f"http://127.0.0.1:{guarded}"
+    assert requests.get(f"{base}/api/tags", timeout=30).status_code == 401  # the API key guards /api/ as /v1/
+    assert requests.get(f"{base}/api/tags", headers={"Authorization": "Bearer k"}, timeout=30).status_code == 200
