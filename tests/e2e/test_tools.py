@@ -211,3 +211,18 @@ def test_tokenize_counts_a_conversation_with_its_tools(qwen, embedded):
     for c, body in ((embedded[0], {"messages": ASK, "tools": TOOLS}), (client, {"prompt": "hi", "tools": TOOLS})):
         status, err = tokenize(c, body)
         assert status == 400 and err["error"]["param"] == "tools", err
+
+
+def test_ollamas_chat_with_tools_gets_the_call_with_its_arguments_as_an_object(qwen):
+    """ollama's /api/chat (server/routes/ollama.py) with tools: the call the chat endpoint parses (the
+    test above: get_weather for Paris), in ollama's form (arguments an object, not JSON text), whole
+    and streamed."""
+    ollama = pytest.importorskip("ollama")
+    client, llm, model = qwen
+    oc = ollama.Client(host=f"http://127.0.0.1:{client.base_url.port}", timeout=120)
+    got = oc.chat(model=model, messages=ASK, tools=TOOLS, options={"temperature": 0, "num_predict": 40})
+    calls = [(c.function.name, dict(c.function.arguments)) for c in got.message.tool_calls]
+    assert calls[0][0] == "get_weather" and calls[0][1]["city"] == "Paris" and got.done_reason == "stop"
+    streamed = [c for p in oc.chat(model=model, messages=ASK, tools=TOOLS, options={"temperature": 0, "num_predict": 40},
+                                   stream=True) for c in p.message.tool_calls or []]
+    assert [(c.function.name, dict(c.function.arguments)) for c in streamed] == calls
