@@ -63,9 +63,10 @@ class LLMEngine:
         if self.dtype == torch.float16 and self.device.type == "cpu":
             raise ValueError("float16 is for CUDA; on CPU use float32 (default) or bfloat16")
         t0 = time.perf_counter()
+        template = None if mc.chat_template is None else read_chat_template(mc.chat_template)  # refused before loading
         self.model_path, self.arch, weights, self.tokenizer = load_model_files(mc.model, keep_quantized=mc.block_kernels)
-        if mc.chat_template is not None:
-            self.tokenizer.set_chat_template(read_chat_template(mc.chat_template))
+        if template is not None:
+            self.tokenizer.set_chat_template(template)
         self.max_model_len = config.scheduler.max_model_len or self.arch.max_position_embeddings
         if self.max_model_len > self.arch.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's context "

@@ -156,11 +156,23 @@ def read_chat_template(value: str) -> str:
     """A chat template given as a file's path or as the template's text (vLLM's --chat-template: text
     with Jinja's braces or a newline is the template itself)."""
     if os.path.isfile(value):
-        with open(value, encoding="utf-8") as f:
-            return f.read()
-    if any(c in value for c in "{}\n"):
-        return value
-    raise ValueError(f"chat_template: {value}: no such file, and not a template (no Jinja braces)")
+        try:
+            with open(value, encoding="utf-8") as f:
+                value = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"chat_template: cannot read {value}: {getattr(e, 'strerror', None) or e}") from None
+    elif not any(c in value for c in "{}\n"):
+        raise ValueError(f"chat_template: {value}: no such file, and not a template (no Jinja braces)")
+    check_chat_template(value)
+    return value
+
+
+def check_chat_template(template: str) -> None:
+    """ValueError in one line where Jinja cannot parse the template."""
+    try:
+        ImmutableSandboxedEnvironment().parse(template)
+    except jinja2.TemplateError as e:
+        raise ValueError(f"chat_template: not a Jinja template: {str(e).splitlines()[0]}") from None
 
 
 def open_final_message(text: str, final: Optional[str]) -> str:
@@ -307,10 +319,7 @@ class Tokenizer:
 
     def set_chat_template(self, template: str) -> None:
         """Use this Jinja template for chats (ValueError in one line where Jinja cannot parse it)."""
-        try:
-            ImmutableSandboxedEnvironment().parse(template)
-        except jinja2.TemplateError as e:
-            raise ValueError(f"chat_template: not a Jinja template: {str(e).splitlines()[0]}") from None
+        check_chat_template(template)
         self.chat_template = template
 
     @property

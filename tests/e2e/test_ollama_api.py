@@ -24,12 +24,12 @@ def served():
     from specserve.server.config import ServerConfig
     llm = AsyncLLM(kv_cache_gib=0.25)
     with running(build_app(llm, ServerConfig())) as port, running(build_app(llm, ServerConfig(api_key="k"))) as guarded:
-        yield ollama.Client(host=f"http://127.0.0.1:{port}", timeout=120), llm.model_name, guarded
+        yield ollama.Client(host=f"http://127.0.0.1:{port}", timeout=120), llm.model_name, guarded, port
     llm.shutdown()
 
 
 def test_chat_whole_and_streamed_is_llm_chat(served, embedded_llm):
-    client, model, _ = served
+    client, model, *_ = served
     want = embedded_llm.chat(CONV, SamplingParams(temperature=0, max_tokens=16))[0]
     got = client.chat(model=model, messages=CONV, options=GREEDY)
     assert got.message.role == "assistant" and got.message.content == want.outputs[0].text
@@ -41,7 +41,7 @@ def test_chat_whole_and_streamed_is_llm_chat(served, embedded_llm):
 
 
 def test_generate_templated_raw_and_with_a_system_prompt(served, embedded_llm):
-    client, model, _ = served
+    client, model, *_ = served
     greedy = SamplingParams(temperature=0, max_tokens=16)
     want = embedded_llm.chat(CONV, greedy)[0].outputs[0].text
     assert client.generate(model=model, prompt=CONV[0]["content"], options=GREEDY).response == want
@@ -58,7 +58,7 @@ def test_generate_templated_raw_and_with_a_system_prompt(served, embedded_llm):
 def test_ollamas_sampling_defaults_under_a_seed(served, embedded_llm):
     """Unset options take ollama's defaults (temperature 0.8, top_k 40, top_p 0.9): a seeded request
     is LLM.chat's with those."""
-    client, model, _ = served
+    client, model, *_ = served
     want = embedded_llm.chat(CONV, SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=3, max_tokens=24))[0]
     got = client.chat(model=model, messages=CONV, options={"seed": 3, "num_predict": 24})
     assert got.message.content == want.outputs[0].text
@@ -67,7 +67,7 @@ def test_ollamas_sampling_defaults_under_a_seed(served, embedded_llm):
 
 
 def test_format_as_a_schema_is_guided(served):
-    client, model, _ = served
+    client, model, *_ = served
     schema = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
               "required": ["colour"], "additionalProperties": False}
     got = client.chat(model=model, messages=CONV, format=schema, options={"temperature": 0, "num_predict": 40})
@@ -76,18 +76,33 @@ def test_format_as_a_schema_is_guided(served):
 
 def test_models_and_errors(served):
     import requests
-    client, model, guarded = served
+    client, model, guarded, port = served
     assert [m.model for m in client.list().models] == [model]
     assert "completion" in client.show(model).capabilities
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="nope", messages=CONV)
     assert e.value.status_code == 404 and "nope" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
-        client.chat(model=model, messages=CONV, options={"num_predict": 0})
+        client.chat(model=model, messages=CONV, options={"num_predict": 1.5})
     assert e.value.status_code == 400 and "num_predict" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model=model, messages=[{**CONV[0], "images": ["aGk="]}])
+    assert e.value.status_code == 400 and "images" in e.value.error
+    loaded = client.chat(model=f"{model}:latest", messages=[])  # ollama's load request, under the tagged name
+    assert loaded.done_reason == "load" and loaded.message.content == ""
     with pytest.raises(ollama.ResponseError) as e:  # the embedded model's template lists no tools
         client.chat(model=model, messages=CONV, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
     assert e.value.status_code == 400 and "tools" in e.value.error
+    for body in ({"model": ["x"], "messages": CONV}, {"model": model, "prompt": ["a", "b"]}, b"{", [1]):
+        r = requests.post(f"http://127.0.0.1:{port}/api/generate", data=body if isinstance(body, bytes) else json.dumps(body),
+                          timeout=30)
+        assert r.status_code == 400 and isinstance(r.json()["error"], str), r.text
+    nulls = {"model": model, "messages": CONV, "stream": None, "options": {"temperature": None, "seed": 3, "num_predict": 24}}
+    r = requests.post(f"http://127.0.0.1:{port}/api/chat", data=json.dumps(nulls), timeout=60)  # null: unset
+    lines = [json.loads(x) for x in r.text.splitlines()]
+    assert len(lines) > 2 and lines[-1]["done"]  # streamed, as ollama's default
+    seeded = client.chat(model=model, messages=CONV, options={"seed": 3, "num_predict": 24})
+    assert "".join(x["message"]["content"] for x in lines) == seeded.message.content  # temperature: ollama's default
     base = f"http://127.0.0.1:{guarded}"
     assert requests.get(f"{base}/api/tags", timeout=30).status_code == 401  # the API key guards /api/ as /v1/
     assert requests.get(f"{base}/api/tags", headers={"Authorization": "Bearer k"}, timeout=30).status_code == 200

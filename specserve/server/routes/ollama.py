@@ -48,19 +48,21 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def request_fields(body: dict) -> dict:
-    """The OpenAI request's fields from ollama's options, format and stream."""
+def request_fields(body: dict, max_model_len: int) -> dict:
+    """The OpenAI request's fields from ollama's options, format and stream (a null is as if unset)."""
     opts = body.get("options") or {}
     if not isinstance(opts, dict):
         raise OllamaError(400, "options must be an object")
+    opts = {k: v for k, v in opts.items() if v is not None}
     out: dict[str, Any] = {OPTIONS[k]: v for k, v in {**DEFAULTS, **opts}.items() if k in OPTIONS}
-    if isinstance(out.get("seed"), int) and out["seed"] < 0:  # ollama's -1: no seed
-        del out["seed"]
+    if isinstance(out.get("seed"), (int, float)) and not isinstance(out["seed"], bool) and out["seed"] < 0:
+        del out["seed"]  # ollama's -1: no seed
     n = opts.get("num_predict")
-    if n is not None and not (isinstance(n, int) and (n >= 1 or n in (-1, -2))):
-        raise OllamaError(400, f"num_predict must be -1, -2 or an integer >= 1, got {n!r}")
-    if n is not None and n >= 1:
-        out["max_tokens"] = n  # -1 and -2: until a stop or the context's end
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or n != int(n):
+            raise OllamaError(400, f"num_predict must be an integer, got {n!r}")
+        if 1 <= n < max_model_len:  # 0, -1 (ollama's default), -2 and past the context: until a stop or the context's end
+            out["max_tokens"] = int(n)
     fmt = body.get("format")
     if fmt == "json":
         out["guided_json"] = {"type": "object"}
@@ -71,7 +73,11 @@ def request_fields(body: dict) -> dict:
     for name in ("images", "suffix", "context", "template"):
         if body.get(name):
             raise OllamaError(400, f"{name} is not supported")
-    stream = body.get("stream", True)  # ollama streams unless told not to
+    stream = body.get("stream")
+    if stream is None:
+        stream = True  # ollama streams unless told not to
+    if not isinstance(stream, bool):
+        raise OllamaError(400, f"stream must be true or false, got {stream!r}")
     out.update(stream=stream, stream_options={"include_usage": True} if stream else None)
     return out
 
@@ -88,33 +94,46 @@ def router(s: Serving) -> APIRouter:
         return {"name": name, "model": name, "modified_at": _now(), "size": 0, "digest": "",
                 "details": {"format": "gguf", "family": "", "parameter_size": "", "quantization_level": ""}}
 
-    @r.get("/api/version")
+    @r.get("/api/version", include_in_schema=False)
     async def version():
         return {"version": __version__}
 
-    @r.get("/api/tags")
+    @r.get("/api/tags", include_in_schema=False)
     async def tags():
         return {"models": [card(name) for name in s.models]}
 
-    @r.post("/api/show")
+    def model_of(body: dict) -> str:
+        """The served model a body names (ollama's "name:latest" is its untagged name); 404 for another."""
+        name = body.get("model") or body.get("name") or s.model_name
+        if not isinstance(name, str):
+            raise OllamaError(400, "model must be a string")
+        if name not in s.models and name.endswith(":latest") and name[:-len(":latest")] in s.models:
+            name = name[:-len(":latest")]
+        if name not in s.models:
+            raise OllamaError(404, f"model '{name}' not found")
+        return name
+
+    def failed(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
+        s.metrics.errors.labels(str(status)).inc()  # as the app's handlers count every failure
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+    @r.post("/api/show", include_in_schema=False)
     async def show(http: Request):
         try:
-            body = await _json(http)
-            name = body.get("model") or body.get("name") or s.model_name
-            if name not in s.models:
-                raise OllamaError(404, f"model '{name}' not found")
+            name = model_of(await _json(http))
         except OllamaError as e:
-            return JSONResponse({"error": e.message}, status_code=e.status)
+            return failed(e.status, e.message)
         tok = s.models[name].tokenizer
         return {"template": tok.chat_template or "", "parameters": "", "modelfile": "", "details": card(name)["details"],
                 "model_info": {"context_length": s.models[name].max_model_len},
                 "capabilities": ["completion"] + (["tools"] if tok.takes_tools else [])}
 
-    @r.post("/api/chat")
+    # Not in /openapi.json: these are ollama's API, not the OpenAI one it describes.
+    @r.post("/api/chat", include_in_schema=False)
     async def chat(http: Request):
         return await _run(http, chat=True)
 
-    @r.post("/api/generate")
+    @r.post("/api/generate", include_in_schema=False)
     async def generate(http: Request):
         return await _run(http, chat=False)
 
@@ -122,20 +141,24 @@ def router(s: Serving) -> APIRouter:
         t0 = time.perf_counter_ns()
         try:
             body = await _json(http)
-            name = body.get("model") or s.model_name
-            if name not in s.models:
-                raise OllamaError(404, f"model '{name}' not found, try pulling it first")
-            fields = {"model": name, **request_fields(body)}
-            if not chat and not body.get("prompt"):  # ollama's way of loading a model: nothing to generate
-                return {"model": name, "created_at": _now(), "response": "", "done": True, "done_reason": "load"}
+            name = model_of(body)
+            fields = {"model": name, **request_fields(body, s.models[name].max_model_len)}
+            if not (body.get("messages") if chat else body.get("prompt")):  # ollama's way of loading a model
+                return {"model": name, "created_at": _now(), "done": True, "done_reason": "load",
+                        **({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})}
             try:
                 if chat:
-                    req = ChatCompletionRequest(messages=body.get("messages"), tools=body.get("tools"), **fields)
+                    messages = body["messages"]
+                    if isinstance(messages, list) and any(isinstance(m, dict) and m.get("images") for m in messages):
+                        raise OllamaError(400, "images are not supported")
+                    req = ChatCompletionRequest(messages=messages, tools=body.get("tools"), **fields)
+                elif not isinstance(body["prompt"], str):
+                    raise OllamaError(400, "prompt must be a string")
                 elif body.get("raw"):
-                    req = FillingCompletion(prompt=body.get("prompt"), **fields)
+                    req = FillingCompletion(prompt=body["prompt"], **fields)
                 else:
                     system = [{"role": "system", "content": body["system"]}] if body.get("system") else []
-                    req = ChatCompletionRequest(messages=system + [{"role": "user", "content": body.get("prompt")}], **fields)
+                    req = ChatCompletionRequest(messages=system + [{"role": "user", "content": body["prompt"]}], **fields)
             except pydantic.ValidationError as e:
                 err = e.errors()[0]
                 raise OllamaError(400, f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
@@ -143,9 +166,9 @@ def router(s: Serving) -> APIRouter:
             prompts = None if isinstance(req, ChatCompletionRequest) else req.prompts()
             slot, ids, params = await s.admit_and_prepare(req, prompts)
         except OllamaError as e:
-            return JSONResponse({"error": e.message}, status_code=e.status)
+            return failed(e.status, e.message)
         except ApiError as e:
-            return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+            return failed(e.status, e.message, e.headers)
         is_chat = isinstance(req, ChatCompletionRequest)
         reply = _Reply(name, chat, is_chat, t0)
         streams = [reply.timed(s.engine(req).generate(ids[0], params))]
@@ -158,7 +181,10 @@ def router(s: Serving) -> APIRouter:
                     if line is not None:
                         yield json.dumps(line, ensure_ascii=False) + "\n"
             return SlotStreamingResponse(lines(), slot, media_type="application/x-ndjson")
-        whole = await s.respond(http, slot, req, streams, choices, {}, "")
+        try:
+            whole = await s.respond(http, slot, req, streams, choices, {}, "")
+        except ApiError as e:  # a guided dead end (format), the engine gone: ollama's error object too
+            return failed(e.status, e.message, e.headers)
         return reply.whole(whole) if isinstance(whole, dict) else whole
 
     return r
@@ -172,6 +198,14 @@ async def _json(http: Request) -> dict:
     if not isinstance(body, dict):
         raise OllamaError(400, "the request body must be a JSON object")
     return body
+
+
+def _object(arguments: Optional[str]) -> Any:
+    """A call's arguments as ollama sends them: the object its JSON text holds (the text if it holds none)."""
+    try:
+        return json.loads(arguments or "{}")
+    except ValueError:
+        return arguments
 
 
 def _reason(finish: Optional[str]) -> Optional[str]:
@@ -205,8 +239,8 @@ class _Reply:
             return {"response": text}
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if calls:  # OpenAI's calls carry their arguments as JSON text, ollama's as an object
-            message["tool_calls"] = [{"function": {"name": c["function"]["name"],
-                                                   "arguments": json.loads(c["function"]["arguments"] or "{}")}}
+            message["tool_calls"] = [{"function": {"name": c["function"].get("name", ""),
+                                                   "arguments": _object(c["function"].get("arguments"))}}
                                      for c in calls]
         return {"message": message}
 
