@@ -33,7 +33,7 @@ def _is_real(x) -> bool:
 def truncate_prompt(prompt_token_ids: list[int], keep: Optional[int], max_model_len: int) -> list[int]:
     """vLLM's truncate_prompt_tokens: the last `keep` tokens (-1: as many as leave room for one output
     token in max_model_len); None: the prompt as it is."""
-    if keep is None:
+    if keep is None or (keep != -1 and keep < 1):  # None, or a value SamplingParams refuses: nothing cut
         return prompt_token_ids
     keep = max_model_len - 1 if keep == -1 else keep
     return prompt_token_ids[-keep:] if len(prompt_token_ids) > keep else prompt_token_ids

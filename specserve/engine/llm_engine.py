@@ -143,9 +143,7 @@ class LLMEngine:
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams) -> list[Request]:
         """Queue one prompt; returns its sample requests (n, or best_of; the first is the leader that
         prefills)."""
-        self.check_request(prompt_token_ids, params)
-        prompt_token_ids = params.truncated(prompt_token_ids, self.max_model_len)
-        bad_words = self._bad_words(params)
+        prompt_token_ids, bad_words = self._check(prompt_token_ids, params)
         group = str(next(self._ids))
         reqs = []
         for i in range(params.num_samples):
@@ -168,6 +166,10 @@ class LLMEngine:
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError (one line) if the prompt cannot be served; queues nothing."""
+        self._check(prompt_token_ids, params)
+
+    def _check(self, prompt_token_ids: list[int], params: SamplingParams) -> tuple[list[int], tuple[tuple[int, ...], ...]]:
+        """check_request's checks; (the prompt as served (truncate_prompt_tokens), the bad words' forms)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate()  # again: fields may have been changed since construction
@@ -209,6 +211,7 @@ class LLMEngine:
                              f"{params.max_tokens}) needs {blocks} KV blocks but the cache has {bm.num_blocks}; "
                              f"raise kv_cache_gib (now {self.config.cache.kv_cache_gib}) or lower max_tokens")
         self.guided.guide(params)  # compiles (cached) now: a bad constraint fails here, before anything is queued
+        return prompt_token_ids, forms
 
     def abort(self, request_ids, reason: FinishReason = FinishReason.ABORT) -> list[Request]:
         """Stop these requests wherever they are: free their KV blocks, drafter state, generators and

@@ -223,6 +223,14 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
+def prefill_conflict(body) -> Optional[tuple[str, str]]:
+    """continue_final_message with add_generation_prompt (its default, true): refused, as vLLM does."""
+    if body.continue_final_message and body.add_generation_prompt:
+        return ("continue_final_message needs add_generation_prompt false: the first continues the last message, "
+                "the second opens a new assistant turn"), "continue_final_message"
+    return None
+
+
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
@@ -240,9 +248,8 @@ class ChatCompletionRequest(_Common):
     chat_template_kwargs: Optional[dict[str, Any]] = None  # more variables for the template (Qwen3's enable_thinking)
 
     def unsupported(self) -> Optional[tuple[str, str]]:
-        if self.continue_final_message and self.add_generation_prompt:  # as vLLM
-            return ("continue_final_message needs add_generation_prompt false: the first continues the last message, "
-                    "the second opens a new assistant turn"), "continue_final_message"
+        if why := prefill_conflict(self):
+            return why
         for name in ("functions", "function_call"):
             if getattr(self, name) is not None:
                 return f"{name} is not supported (OpenAI's deprecated form: use tools and tool_choice)", name
@@ -335,8 +342,8 @@ class TokenizeRequest(BaseModel):
             return "give either prompt or messages", "prompt" if self.prompt is None else "messages"
         if self.tools and self.messages is None:
             return "tools are listed by a conversation's chat template: give messages, not prompt", "tools"
-        if self.continue_final_message and self.add_generation_prompt:
-            return "continue_final_message needs add_generation_prompt false", "continue_final_message"
+        if why := prefill_conflict(self):
+            return why
         return None
 
 

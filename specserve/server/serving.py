@@ -109,12 +109,9 @@ class Serving:
                 ids = [self.engine(body).encode(p) for p in prompts]
             except (TypeError, ValueError) as e:
                 raise ApiError(400, f"prompt: {e}", param="prompt") from None
-        if body.truncate_prompt_tokens is not None:  # the prompts as served: usage and echo count these
-            keep, room = body.truncate_prompt_tokens, self.engine(body).max_model_len
-            if keep != -1 and (not isinstance(keep, int) or keep < 1):
-                raise ApiError(400, f"truncate_prompt_tokens must be -1 or an integer >= 1, got {keep}",
-                               param="truncate_prompt_tokens")
-            ids = [truncate_prompt(p, keep, room) for p in ids]
+        if body.truncate_prompt_tokens is not None:  # the prompts as served: usage and echo count these (a bad
+            # value is refused by make_params, as SamplingParams validates it)
+            ids = [truncate_prompt(p, body.truncate_prompt_tokens, self.engine(body).max_model_len) for p in ids]
         return ids, self.make_params(body, ids)
 
     def encode_messages(self, body, add_generation_prompt: bool = True) -> list[int]:
