@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text from a prompt, streaming it")
     g.add_argument("prompt")
     g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message with the chat template")
+    g.add_argument("--suffix", default=None, metavar="TEXT",
+                   help="fill in the middle: the prompt is the code before the answer, TEXT the code after it "
+                        "(a code model with FIM tokens: Qwen2.5-Coder, StarCoder, CodeLlama)")
     g.add_argument("-n", type=positive_int, default=1, help="samples of the prompt (its KV is shared)")
     add_sampling_args(g, max_tokens=128)
     g.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
@@ -99,6 +102,8 @@ def cmd_generate(args) -> int:
     from ..engine.llm import LLM
     from ..types import SamplingParams
 
+    if args.chat and args.suffix is not None:
+        raise ValueError("--suffix fills in the middle of code; it does not take --chat")
     params = SamplingParams(n=args.n, **sampling_kwargs(args), stop=args.stop, ignore_eos=args.ignore_eos,
                             best_of=args.best_of, best_of_deadline_s=args.best_of_deadline_s, **guided_from_args(args))
     llm = LLM(**llm_kwargs(args, speculative=spec_from_args(args)))
@@ -117,7 +122,9 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
 
     t0 = time.perf_counter()
-    if args.chat:
+    if args.suffix is not None:
+        out = llm.generate([llm.tokenizer.encode_infill(args.prompt, args.suffix)], params, on_text=on_text)[0]
+    elif args.chat:
         out = llm.chat([{"role": "user", "content": args.prompt}], params, on_text=on_text)[0]
     else:
         out = llm.generate(args.prompt, params, on_text=on_text)[0]

@@ -23,6 +23,7 @@ from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tok
 from tokenizers import Tokenizer as HFTokenizer
 
 from . import chat_templates
+from .infill import FimTokens, find_fim_tokens, infill_ids
 
 # Pre-tokenizer regexes by GGUF `tokenizer.ggml.pre` (as in llama.cpp's llama-vocab.cpp).
 _GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -56,8 +57,10 @@ def _byte_level_pre_tokenizer(pre: str):
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
-# Turn-ending control tokens that stop generation whatever the header's eos id (llama.cpp's list).
-_END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<EOT>", "<|END_OF_TURN_TOKEN|>")
+# Control tokens that end a generation whatever the header's eos id (llama.cpp's list): turn ends, and
+# the end of a document (Qwen2.5-Coder ends a fill-in-the-middle answer with <|endoftext|>).
+_END_OF_GENERATION = ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<EOT>", "<|END_OF_TURN_TOKEN|>",
+                      "<|endoftext|>", "<|eom_id|>", "<|end_of_text|>")
 
 
 def _byte_level_bpe(fields: dict, tokens: list[str]) -> HFTokenizer:
@@ -188,7 +191,8 @@ def open_final_message(text: str, final: Optional[str]) -> str:
 
 class Tokenizer:
     def __init__(self, backend: HFTokenizer, eos_token_ids: Sequence[int], bos_token_id: Optional[int],
-                 add_bos: bool, chat_template: Optional[str], special_tokens: dict[str, str]):
+                 add_bos: bool, chat_template: Optional[str], special_tokens: dict[str, str],
+                 fim: Optional[FimTokens] = None):
         self.backend = backend
         self.eos_token_ids = list(eos_token_ids)
         self.bos_token_id = bos_token_id
@@ -196,6 +200,8 @@ class Tokenizer:
         self.chat_template = chat_template
         self.special_tokens = special_tokens  # e.g. {"bos_token": "<|im_start|>", "eos_token": ...}
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        # fill-in-the-middle ids (loading/infill.py): found in the vocabulary unless given
+        self.fim = fim if fim is not None else find_fim_tokens(backend.get_vocab(with_added_tokens=True))
         self._compiled: Optional[tuple[str, jinja2.Template]] = None  # (the template, compiled)
         self._takes_tools: Optional[tuple[str, bool]] = None  # (the template, whether it reads tools)
 
@@ -232,10 +238,11 @@ class Tokenizer:
         eos = fields.get("tokenizer.ggml.eos_token_id")
         eot = fields.get("tokenizer.ggml.eot_token_id")
         eos_ids = [i for i in (eos, eot) if i is not None]
-        # Chat models end a turn with a control token the header may not name (Gemma's <end_of_turn>):
-        # llama.cpp stops on these by their text too.
+        # Chat models end a turn with a control token the header may not name (Gemma's <end_of_turn>),
+        # and code models a fill-in-the-middle answer: llama.cpp stops on these by their text too.
+        fim = find_fim_tokens({t: i for i, t in enumerate(tokens)}, fields)
         for i, (t, ty) in enumerate(zip(tokens, types)):
-            if ty == _TOKEN_TYPE_CONTROL and t in _END_OF_TURN and i not in eos_ids:
+            if ((ty == _TOKEN_TYPE_CONTROL and t in _END_OF_GENERATION) or i in fim.ends()) and i not in eos_ids:
                 eos_ids.append(i)
         bos = fields.get("tokenizer.ggml.bos_token_id")
         add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", False))
@@ -245,7 +252,7 @@ class Tokenizer:
         if eos is not None:
             special["eos_token"] = tokens[eos]
         template = fields.get("tokenizer.chat_template") or chat_templates.BUILTIN.get(fields.get("general.architecture"))
-        return cls(backend, eos_ids, bos, add_bos, template, special)
+        return cls(backend, eos_ids, bos, add_bos, template, special, fim)
 
     @classmethod
     def from_hf_dir(cls, path: str, eos_token_ids: Sequence[int], bos_token_id: Optional[int]) -> "Tokenizer":
@@ -289,6 +296,13 @@ class Tokenizer:
             if not ids or ids[0] != self.bos_token_id:
                 ids = [self.bos_token_id] + ids
         return ids
+
+    def encode_infill(self, prefix: str, suffix: str, **layout) -> list[int]:
+        """The fill-in-the-middle prompt of a code model: generating from it writes what goes between
+        prefix and suffix (ValueError for a model without FIM tokens). layout: infill_ids' prompt,
+        files, n_batch, n_ctx, n_predict (llama.cpp's /infill)."""
+        return infill_ids(self.fim, lambda text: self.encode(text, add_special_tokens=False), prefix, suffix,
+                          bos=self.bos_token_id if self.add_bos else None, **layout)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (SSE streaming),
-/v1/models, /tokenize and /detokenize (vLLM's), ollama's /api/chat, /api/generate and /api/tags, /health, /metrics, and
-the playground page at /. Built on the public API only
+/v1/models, /tokenize and /detokenize (vLLM's), ollama's /api/chat, /api/generate and /api/tags,
+llama-server's /infill (fill-in-the-middle for code editors), /health, /metrics, and the playground
+page at /. Built on the public API only
 (AsyncLLM, SamplingParams, specserve.origins).
 
     specserve serve --port 8000            then: OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="-")
@@ -24,7 +25,7 @@ from .config import ServerConfig
 from .errors import ApiError, document_errors, error_response
 from .limits import BodyLimit
 from .metrics import ServerMetrics
-from .routes import admin, chat, completions, ollama, tokens
+from .routes import admin, chat, completions, infill, ollama, tokens
 from .security import Guard, allowed_hosts, api_key
 from .serving import Serving
 
@@ -42,7 +43,7 @@ def build_app(llm, cfg: Optional[ServerConfig] = None):
     document_errors(app)
     add_error_handlers(app, metrics)
     # in this order: /openapi.json lists the operations as they are included
-    for routes in (admin, completions, chat, tokens, ollama):
+    for routes in (admin, completions, chat, tokens, ollama, infill):
         app.include_router(routes.router(serving))
 
     on_error = lambda status: metrics.errors.labels(str(status)).inc()  # noqa: E731

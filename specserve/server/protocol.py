@@ -121,6 +121,8 @@ class CompletionRequest(_Common):
     logprobs: Optional[int] = None  # 0..5 in OpenAI's API (here up to MAX_TOP_LOGPROBS)
     fills_context: ClassVar[bool] = False
     echo: bool = False
+    # fill-in-the-middle: the text after the completion; each prompt is the text before it, and a code
+    # model with FIM tokens writes what goes between (Tokenizer.encode_infill)
     suffix: Optional[str] = None
     # chat parameters: not part of /v1/completions, so refused by name rather than ignored as if honoured
     tools: Optional[Any] = None
@@ -130,8 +132,10 @@ class CompletionRequest(_Common):
     response_format: Optional[Any] = None
 
     def unsupported(self) -> Optional[tuple[str, str]]:
-        if self.suffix:
-            return "suffix is not supported", "suffix"
+        if self.suffix is not None and self.echo:
+            return "echo is not supported with suffix (the prompt is two texts around the completion)", "echo"
+        if self.suffix is not None and self.truncate_prompt_tokens is not None:  # it would cut the FIM tokens off
+            return "truncate_prompt_tokens is not supported with suffix", "truncate_prompt_tokens"
         for name in ("tools", "functions", "tool_choice", "parallel_tool_calls"):
             if getattr(self, name) is not None:
                 return f"{name} is not supported on /v1/completions", name

@@ -15,7 +15,8 @@ from .errors import error_response
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # with a key, the API's description is as private as the API (as vLLM guards them)
 DOC_PATHS = ("/docs", "/redoc", "/openapi.json")  # and below them (/docs/oauth2-redirect)
-TOKEN_PATHS = ("/tokenize", "/detokenize")  # the API outside /v1/ (vLLM's paths): guarded as /v1/ is
+# the API outside /v1/ (vLLM's /tokenize and /detokenize, llama-server's /infill): guarded as /v1/ is
+ROOT_API_PATHS = ("/tokenize", "/detokenize", "/infill")
 OLLAMA_PREFIX = "/api/"  # ollama's API (routes/ollama.py): guarded too
 
 
@@ -83,7 +84,7 @@ class Guard:
             return await error_response(400, "the Host header names a host this server does not answer to "
                                              "(see --allowed-hosts)", param="Host")(scope, receive, send)
         path = scope.get("path", "")
-        if self.expected is not None and (path.startswith(("/v1/", OLLAMA_PREFIX) + DOC_PATHS) or path in TOKEN_PATHS):
+        if self.expected is not None and (path.startswith(("/v1/", OLLAMA_PREFIX) + DOC_PATHS) or path in ROOT_API_PATHS):
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
                 self.on_error(401)
                 return await error_response(401, "missing or wrong API key (Authorization: Bearer KEY)",

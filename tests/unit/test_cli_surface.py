@@ -19,7 +19,8 @@ ADDED = {"--activations": "activations", "--draft-vocab": "draft_vocab", "--draf
          "--cuda-rounds": "cuda_rounds", "--batch-invariant --no-batch-invariant": "batch_invariant",
          "--placement": "placement", "--ray-address": "ray_address", "--max-model-len": "max_model_len",
          "--min-p": "min_p", "--repetition-penalty": "repetition_penalty", "--presence-penalty": "presence_penalty",
-         "--frequency-penalty": "frequency_penalty", "--min-tokens": "min_tokens", "--chat-template": "chat_template"}
+         "--frequency-penalty": "frequency_penalty", "--min-tokens": "min_tokens", "--chat-template": "chat_template",
+         "--suffix": "suffix"}
 RECORDED = json.loads((pathlib.Path(__file__).parent / "data" / "cli_surface_0ae6532.json").read_text())
 NOW = surface(build_parser)
 

@@ -8,8 +8,10 @@ ollama's {"error": "..."} with the status.
 
 Where it differs from ollama: its sampling defaults are kept (temperature 0.8, top_k 40, top_p 0.9)
 but not its repeat_penalty 1.1 over the last 64 tokens: a repeat_penalty given counts the whole
-sequence, as vLLM's repetition_penalty does. No images, suffix or (deprecated) context; keep_alive
-is accepted and ignored (the model stays loaded); num_ctx is the server's --max-model-len.
+sequence, as vLLM's repetition_penalty does. No images or (deprecated) context; keep_alive is
+accepted and ignored (the model stays loaded); num_ctx is the server's --max-model-len. A suffix is
+fill-in-the-middle, as ollama's code-model templates render it (its system is dropped, as theirs do);
+with raw it is refused, where ollama ignores it.
 """
 from __future__ import annotations
 
@@ -70,7 +72,7 @@ def request_fields(body: dict, max_model_len: int) -> dict:
         out["guided_json"] = fmt
     elif fmt not in (None, ""):
         raise OllamaError(400, 'format must be "json" or a JSON Schema')
-    for name in ("images", "suffix", "context", "template"):
+    for name in ("images", "context", "template"):
         if body.get(name):
             raise OllamaError(400, f"{name} is not supported")
     stream = body.get("stream")
@@ -126,7 +128,8 @@ def router(s: Serving) -> APIRouter:
         tok = s.models[name].tokenizer
         return {"template": tok.chat_template or "", "parameters": "", "modelfile": "", "details": card(name)["details"],
                 "model_info": {"context_length": s.models[name].max_model_len},
-                "capabilities": ["completion"] + (["tools"] if tok.takes_tools else [])}
+                "capabilities": ["completion"] + (["tools"] if tok.takes_tools else [])
+                + (["insert"] if tok.fim.can_infill else [])}
 
     # Not in /openapi.json: these are ollama's API, not the OpenAI one it describes.
     @r.post("/api/chat", include_in_schema=False)
@@ -154,6 +157,12 @@ def router(s: Serving) -> APIRouter:
                     req = ChatCompletionRequest(messages=messages, tools=body.get("tools"), **fields)
                 elif not isinstance(body["prompt"], str):
                     raise OllamaError(400, "prompt must be a string")
+                elif body.get("suffix"):  # fill in the middle (ollama's template: no system; "" is unset, as in Go)
+                    if body.get("raw"):
+                        raise OllamaError(400, "raw does not take a suffix (the suffix needs the model's template)")
+                    if not isinstance(body["suffix"], str):
+                        raise OllamaError(400, "suffix must be a string")
+                    req = FillingCompletion(prompt=body["prompt"], suffix=body["suffix"], **fields)
                 elif body.get("raw"):
                     req = FillingCompletion(prompt=body["prompt"], **fields)
                 else:

@@ -1,0 +1,152 @@
+"""Fill-in-the-middle on Qwen2.5-Coder-0.5B (whose vocabulary has FIM tokens), through each API that
+takes it, request for request against LLM.generate on Tokenizer.encode_infill's prompt: OpenAI's
+/v1/completions `suffix` (the official client), ollama's /api/generate `suffix` (its own client) and
+llama-server's /infill (the body llama.vscode sends), whole and streamed; the generation ends where
+llama.cpp ends it (<|endoftext|>), and a model without FIM tokens (the embedded SmolLM2) is refused."""
+import json
+
+import httpx
+import pytest
+
+from specserve import LLM, SamplingParams
+from specserve.loading import embedded_model_path
+from specserve.loading.gguf_file import GGUFFile
+from specserve.loading.tokenizer import Tokenizer
+
+from .serving import running
+
+openai = pytest.importorskip("openai")
+
+PREFIX, SUFFIX = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+FILES = [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}]
+
+
+def serve(path, **cfg):
+    from specserve import AsyncLLM
+    from specserve.server.app import build_app
+    from specserve.server.config import ServerConfig
+    llm = AsyncLLM(path, kv_cache_gib=0.25, activations="int8")
+    return llm, build_app(llm, ServerConfig(**cfg))
+
+
+@pytest.fixture(scope="module")
+def qwen(pulled):
+    """(the served port, an LLM of the same model and mode beside it, the served model's name)."""
+    path = pulled("qwen2.5-coder-0.5b")
+    llm, app = serve(path)
+    with running(app) as port:
+        yield port, LLM(path, kv_cache_gib=0.25, activations="int8"), llm.model_name
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    llm, app = serve(None, api_key="k")
+    with running(app) as port:
+        yield port, llm.model_name
+    llm.shutdown()
+
+
+def middle(llm, ids, max_tokens=32):
+    return llm.generate([ids], SamplingParams(temperature=0, max_tokens=max_tokens))[0].outputs[0]
+
+
+def test_generation_ends_on_llama_cpps_end_of_generation_tokens(pulled):
+    """The ids that end a generation: the header's EOS, the turn and document ends by their text and
+    FIM's pad, repo and file separators (llama.cpp's llama-vocab.cpp), compared with llama.cpp's own
+    set where llama-cpp-python is installed, less its rule for PaddleOCR's "</s>", which matches a
+    plain-text token of Qwen's vocabulary (HF's generation config does not stop on it either)."""
+    qwen = pulled("qwen2.5-coder-0.5b")
+    for path, want in ((qwen, [151645, 151643, 151662, 151663, 151664]), (embedded_model_path(), [2, 0, 4])):
+        fields = GGUFFile(path).fields
+        tok = Tokenizer.from_gguf_fields(fields, path)
+        assert tok.eos_token_ids == want  # the header's EOS first (training and grammars take it)
+        try:
+            import llama_cpp
+        except ImportError:
+            continue
+        ll = llama_cpp.Llama(path, vocab_only=True, verbose=False)
+        vocab = llama_cpp.llama_model_get_vocab(ll.model)
+        plain_s = {i for i, t in enumerate(fields["tokenizer.ggml.tokens"]) if t == "</s>" and fields["tokenizer.ggml.token_type"][i] == 1}
+        assert sorted(want) == [i for i in range(ll.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i) and i not in plain_s]
+
+
+def test_completions_with_a_suffix_fill_the_middle(qwen):
+    port, llm, model = qwen
+    ids = llm.tokenizer.encode_infill(PREFIX, SUFFIX)
+    assert llm.tokenizer.decode(ids, skip_special_tokens=False) == f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+    want = middle(llm, ids)
+    assert want.text.startswith("a + b") and want.finish_reason == "stop" and want.token_ids[-1] == 151643
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=120)
+    got = client.completions.create(model=model, prompt=[PREFIX, PREFIX], suffix=SUFFIX, temperature=0, max_tokens=32)
+    assert [c.text for c in got.choices] == [want.text] * 2 and got.choices[0].finish_reason == "stop"
+    assert got.usage.prompt_tokens == 2 * len(ids)
+    parts = client.completions.create(model=model, prompt=PREFIX, suffix=SUFFIX, temperature=0, max_tokens=32, stream=True)
+    assert "".join(c.choices[0].text for c in parts if c.choices) == want.text
+    for body, param in (({"prompt": PREFIX, "suffix": SUFFIX, "echo": True}, "echo"),
+                        ({"prompt": [1, 2, 3], "suffix": SUFFIX}, "prompt"),
+                        ({"prompt": PREFIX, "suffix": SUFFIX, "truncate_prompt_tokens": 4}, "truncate_prompt_tokens")):
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"model": model, **body}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_ollamas_generate_with_a_suffix_fills_the_middle(qwen):
+    ollama = pytest.importorskip("ollama")
+    port, llm, model = qwen
+    want = middle(llm, llm.tokenizer.encode_infill(PREFIX, SUFFIX)).text
+    client = ollama.Client(host=f"http://127.0.0.1:{port}", timeout=120)
+    opts = {"temperature": 0, "num_predict": 32}
+    got = client.generate(model=model, prompt=PREFIX, suffix=SUFFIX, options=opts)
+    assert got.response == want and got.done_reason == "stop"
+    assert "".join(p.response for p in client.generate(model=model, prompt=PREFIX, suffix=SUFFIX, options=opts,
+                                                      stream=True)) == want
+    assert "insert" in client.show(model).capabilities
+    with pytest.raises(ollama.ResponseError, match="raw does not take a suffix"):
+        client.generate(model=model, prompt=PREFIX, suffix=SUFFIX, raw=True)
+
+
+def test_llama_servers_infill_is_the_repository_layout_filled(qwen):
+    """/infill as llama.vscode calls it: the other files first in Qwen2.5-Coder's repository layout
+    (as llama.cpp's format_prompt_infill writes it), the prompt typed at the cursor after the prefix;
+    llama.cpp's /completion object back, whole and as SSE events; n_predict 0 warms the cache and
+    answers nothing."""
+    port, llm, model = qwen
+    ids = llm.tokenizer.encode_infill(PREFIX, SUFFIX, prompt="a", files=[(f["filename"], f["text"]) for f in FILES],
+                                      n_batch=2048, n_ctx=llm.engine.max_model_len, n_predict=32)
+    assert llm.tokenizer.decode(ids, skip_special_tokens=False) == (
+        f"<|repo_name|>myproject\n<|file_sep|>util.py\n{FILES[0]['text']}<|file_sep|>filename\n"
+        f"<|fim_prefix|>{PREFIX}a<|fim_suffix|>{SUFFIX}<|fim_middle|>")
+    want = middle(llm, ids)
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": FILES, "prompt": "a", "n_predict": 32,
+            "temperature": 0, "top_k": 40, "top_p": 0.99, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
+            "t_max_prompt_ms": 500, "t_max_predict_ms": 1000}
+    url = f"http://127.0.0.1:{port}/infill"
+    got = httpx.post(url, json=body, timeout=120).json()
+    stop_type = {"stop": "eos", "length": "limit"}[want.finish_reason]
+    assert got["content"] == want.text and got["stop"] and got["stop_type"] == stop_type
+    assert got["tokens_evaluated"] == got["timings"]["prompt_n"] == len(ids)
+    assert got["tokens_predicted"] == got["timings"]["predicted_n"] == len(want.token_ids)
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as r:
+        events = [json.loads(line[len("data: "):]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == want.text
+    assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True] and events[-1]["stop_type"] == stop_type
+    warm = httpx.post(url, json={**body, "n_predict": 0}, timeout=120).json()
+    assert warm["content"] == "" and warm["tokens_predicted"] == 0 and warm["tokens_evaluated"] == len(ids)
+    short = httpx.post(url, json={**body, "n_predict": 2, "input_extra": []}, timeout=120).json()
+    assert short["stop_type"] == "limit" and short["tokens_predicted"] == 2
+    for bad, message in (({"input_suffix": ""}, '"input_prefix" is required'), ({**body, "input_extra": "x"}, "input_extra"),
+                         ({**body, "input_extra": [{"filename": "a"}]}, '"text"'), ({**body, "n_predict": "8"}, "n_predict")):
+        r = httpx.post(url, json=bad, timeout=60)
+        assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+
+
+def test_a_model_without_fim_tokens_is_refused_and_infill_is_guarded(embedded):
+    port, model = embedded
+    key = {"Authorization": "Bearer k"}
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"model": model, "prompt": "a", "suffix": "b"},
+                   headers=key, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix" and "fill-in-the-middle" in r.text
+    url = f"http://127.0.0.1:{port}/infill"
+    assert httpx.post(url, json={"input_prefix": "a", "input_suffix": "b"}, timeout=60).status_code == 401
+    r = httpx.post(url, json={"input_prefix": "a", "input_suffix": "b"}, headers=key, timeout=60)
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
