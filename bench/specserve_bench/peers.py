@@ -58,9 +58,10 @@ def llama_cpp_available() -> bool:
         return False
 
 
-def llama_cpp_runs(gguf_path: str, threads: Optional[int], prompts: list[list[int]], max_new: int) -> Optional[list[dict]]:
+def llama_cpp_runs(gguf_path: str, threads: Optional[int], prompts: list[list[int]], max_new: int,
+                   stop_ids: Optional[list[int]] = None) -> Optional[list[dict]]:
     """llama_cpp_generate over each prompt, in a child process (_in_child). None when it failed."""
-    return _in_child(_llama_cpp_child, gguf_path, threads, prompts, max_new)
+    return _in_child(_llama_cpp_child, gguf_path, threads, prompts, max_new, stop_ids)
 
 
 def llama_cpp_pass_curve(gguf_path: str, threads: Optional[int], rows: tuple[int, ...], context: int = 128,
@@ -109,13 +110,13 @@ def _load_llama_cpp(gguf_path: str, threads: Optional[int], extra_bufts: bool, *
 
 
 def _llama_cpp_child(gguf_path: str, threads: Optional[int], prompts: list[list[int]], max_new: int,
-                     extra_bufts: bool) -> list[dict]:
+                     stop_ids: Optional[list[int]], extra_bufts: bool) -> list[dict]:
     import llama_cpp  # noqa: F401  (before the clock: its load time excludes the imports)
     t0 = time.perf_counter()
-    llm = _load_llama_cpp(gguf_path, threads, extra_bufts, n_ctx=2048)
+    llm = _load_llama_cpp(gguf_path, threads, extra_bufts, n_ctx=max(2048, max(map(len, prompts)) + max_new + 16))
     load_s = time.perf_counter() - t0
     llama_cpp_generate(llm, prompts[0], 4)  # warm-up: its first evaluation sets up buffers
-    runs = [llama_cpp_generate(llm, ids, max_new) for ids in prompts]
+    runs = [llama_cpp_generate(llm, ids, max_new, stop_ids) for ids in prompts]
     for r in runs:  # this child process is llama.cpp alone: its load time (imports excluded) and peak RSS
         r.update(load_s=load_s, peak_rss_mb=peak_rss_mb())
     return runs
@@ -155,16 +156,17 @@ def _llama_cpp_passes_child(gguf_path: str, threads: Optional[int], rows: tuple[
     return out
 
 
-def llama_cpp_generate(llm, ids: list[int], max_new: int) -> dict:
+def llama_cpp_generate(llm, ids: list[int], max_new: int, stop_ids: Optional[list[int]] = None) -> dict:
     """Greedy batch-1 decode through llama.cpp's own sampling loop (its only batch mode here): TTFT
-    and the decode rate from one run, timed at each token."""
+    and the decode rate from one run, timed at each token; it ends after a token of stop_ids (kept, as
+    the engine keeps its EOS) or max_new tokens."""
     llm.reset()
     toks, stamps = [], []
     t0 = time.perf_counter()
     for tok in llm.generate(ids, temp=0.0, top_k=1, reset=True):
         toks.append(tok)
         stamps.append(time.perf_counter())
-        if len(toks) >= max_new:
+        if len(toks) >= max_new or (stop_ids and tok in stop_ids):
             break
     wall, ttft = stamps[-1] - t0, stamps[0] - t0
     return {"ttft_s": ttft, "decode_ms_per_step": (wall - ttft) / max(1, len(toks) - 1) * 1e3,

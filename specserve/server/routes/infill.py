@@ -57,8 +57,6 @@ def request_fields(body: dict, max_model_len: int) -> tuple[dict, int]:
     out: dict[str, Any] = {FIELDS[k]: v for k, v in {**DEFAULTS, **body}.items() if k in FIELDS and v is not None}
     if isinstance(out.get("seed"), int) and not isinstance(out["seed"], bool) and out["seed"] < 0:
         del out["seed"]  # llama.cpp's -1 (its default): a random seed
-    if out.get("top_k") == 0:
-        out["top_k"] = -1  # llama.cpp's 0: no top-k
     n = body.get("n_predict")
     if n is None:
         n = -1
