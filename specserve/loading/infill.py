@@ -9,7 +9,8 @@ three ids come from the GGUF header (`tokenizer.ggml.fim_pre_token_id`, or the o
 `tokenizer.ggml.prefix_token_id` names) or, where it names none, from the vocabulary by their text:
 llama.cpp's rule (llama-vocab.cpp), which finds Qwen2.5-Coder's since its GGUF files name none. The
 layout is the one llama-cpp-python's `create_completion(suffix=...)` and ollama's Qwen2.5-Coder
-template build; llama.cpp's /infill puts the repository's other files before it (infill_ids).
+template build. The code goes in as plain text (Tokenizer.encode_text): a file that spells
+"<|endoftext|>" is its characters, as llama.cpp tokenises prefix and suffix.
 
 FIM_PAD, FIM_REP and FIM_SEP end a generation, as in llama.cpp: a model that has written its middle
 may go on into the next "file" with them.
@@ -17,7 +18,7 @@ may go on into the next "file" with them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Optional
 
 # The token texts llama.cpp looks for where the header names no id, by role.
 TEXTS = {
@@ -51,6 +52,12 @@ class FimTokens:
     def missing(self) -> list[str]:
         return [role for role in ("pre", "suf", "mid") if getattr(self, role) is None]
 
+    def require(self) -> None:
+        """ValueError (one line) for a model that cannot fill in the middle."""
+        if not self.can_infill:
+            raise ValueError(f"this model has no fill-in-the-middle tokens (no FIM {', '.join(self.missing())} token "
+                             f"in its vocabulary), so it cannot take a suffix")
+
     def ends(self) -> list[int]:
         """The ids that end a generation besides EOS (llama.cpp's end-of-generation set)."""
         return [i for i in (self.pad, self.rep, self.sep) if i is not None]
@@ -67,41 +74,9 @@ def find_fim_tokens(vocab: dict[str, int], fields: Optional[dict] = None) -> Fim
     return FimTokens(**found)
 
 
-# llama.cpp's separator of two extra chunks where the model has no file separator ("\n\n--- snippet ---\n\n")
-SNIPPET = "\n\n--- snippet ---\n\n"
-
-
-def infill_ids(fim: FimTokens, encode: Callable[[str], list[int]], prefix: str, suffix: str, *,
-               bos: Optional[int] = None, prompt: str = "", files: Optional[Sequence[tuple[str, str]]] = None,
-               n_batch: Optional[int] = None, n_ctx: int = 0, n_predict: int = 0) -> list[int]:
-    """The prompt whose continuation is the middle (encode(text): ids without special tokens):
-
-        [BOS] [FIM_PRE] prefix prompt [FIM_SUF] suffix [FIM_MID]
-
-    files=None: that alone (llama-cpp-python's and ollama's layout). files (name, text pairs, maybe
-    none): llama.cpp's /infill (format_prompt_infill), Qwen2.5-Coder's repository-level layout first:
-
-        [FIM_REP] "myproject\n" ([FIM_SEP] name "\n" text)* [FIM_SEP] "filename\n" [BOS] [FIM_PRE] ...
-
-    (without FIM_SEP each file's text follows SNIPPET; without FIM_REP no project line). n_batch, as
-    llama.cpp fits the FIM part in one batch: the prefix's last 3/4 n_batch tokens, the suffix's
-    first n_batch/4 - 2 - len(prompt), and of the files' tokens the last n_ctx - n_batch - 2 n_predict."""
-    if not fim.can_infill:
-        raise ValueError(f"this model has no fill-in-the-middle tokens (no FIM {', '.join(fim.missing())} token "
-                         f"in its vocabulary), so it cannot take a suffix")
-    pre, suf, extra = encode(prefix), encode(suffix), []
-    said = encode(prompt) if prompt else []
-    if files is not None:
-        if fim.rep is not None:
-            extra = [fim.rep] + encode("myproject\n")
-        for name, text in files:
-            extra += ([fim.sep] + encode(name + "\n")) if fim.sep is not None else encode(SNIPPET)
-            extra += encode(text)
-        if fim.sep is not None:
-            extra += [fim.sep] + encode("filename\n")
-    if n_batch is not None:
-        pre = pre[len(pre) - min(len(pre), 3 * (n_batch // 4)):]
-        suf = suf[:max(0, n_batch // 4 - (2 + len(said)))]
-        take = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra))
-        extra = extra[len(extra) - take:]
-    return extra + ([bos] if bos is not None else []) + [fim.pre] + pre + said + [fim.suf] + suf + [fim.mid]
+def frame(fim: FimTokens, prefix: list[int], suffix: list[int], bos: Optional[int] = None) -> list[int]:
+    """[BOS] [FIM_PRE] prefix [FIM_SUF] suffix [FIM_MID]: the prompt whose continuation is the middle
+    (llama-cpp-python's and ollama's layout; llama.cpp's /infill puts the repository's other files
+    before it, server/routes/infill.py)."""
+    fim.require()
+    return ([bos] if bos is not None else []) + [fim.pre] + prefix + [fim.suf] + suffix + [fim.mid]

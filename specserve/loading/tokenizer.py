@@ -22,8 +22,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from . import chat_templates
-from .infill import FimTokens, find_fim_tokens, infill_ids
+from . import chat_templates, infill
+from .infill import FimTokens, find_fim_tokens
 
 # Pre-tokenizer regexes by GGUF `tokenizer.ggml.pre` (as in llama.cpp's llama-vocab.cpp).
 _GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -204,9 +204,10 @@ class Tokenizer:
         self.fim = fim if fim is not None else find_fim_tokens(backend.get_vocab(with_added_tokens=True))
         self._compiled: Optional[tuple[str, jinja2.Template]] = None  # (the template, compiled)
         self._takes_tools: Optional[tuple[str, bool]] = None  # (the template, whether it reads tools)
+        self._plain: Optional[HFTokenizer] = None  # the backend with special tokens' spellings as text (encode_text)
 
-    def __getstate__(self):  # a Ray replica sends its tokenizer pickled: the compiled template stays behind
-        return {**self.__dict__, "_compiled": None}
+    def __getstate__(self):  # a Ray replica sends its tokenizer pickled: the compiled template and the
+        return {**self.__dict__, "_compiled": None, "_plain": None}  # plain-text copy stay behind
 
     # --- construction -------------------------------------------------------------------------
     @classmethod
@@ -297,12 +298,22 @@ class Tokenizer:
                 ids = [self.bos_token_id] + ids
         return ids
 
-    def encode_infill(self, prefix: str, suffix: str, **layout) -> list[int]:
+    def encode_text(self, text: str) -> list[int]:
+        """text as plain text, no BOS: a special token's spelling in it ("<|endoftext|>" in a source
+        file) is its characters, not the token, as llama.cpp tokenises without parse_special. Code and
+        documents quoted into a prompt go in this way; encode() reads the spellings as the tokens."""
+        if self._plain is None:  # a copy: the flag is the backend's, and other threads encode with it
+            plain = HFTokenizer.from_str(self.backend.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain.encode_batch([text], add_special_tokens=False)[0].ids
+
+    def encode_infill(self, prefix: str, suffix: str) -> list[int]:
         """The fill-in-the-middle prompt of a code model: generating from it writes what goes between
-        prefix and suffix (ValueError for a model without FIM tokens). layout: infill_ids' prompt,
-        files, n_batch, n_ctx, n_predict (llama.cpp's /infill)."""
-        return infill_ids(self.fim, lambda text: self.encode(text, add_special_tokens=False), prefix, suffix,
-                          bos=self.bos_token_id if self.add_bos else None, **layout)
+        prefix and suffix (loading/infill.py; ValueError for a model without FIM tokens)."""
+        self.fim.require()
+        return infill.frame(self.fim, self.encode_text(prefix), self.encode_text(suffix),
+                            self.bos_token_id if self.add_bos else None)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -150,6 +150,23 @@ class CompletionRequest(_Common):
             return [p]
         return list(p)
 
+    def prompt_ids(self, llm) -> list[list[int]]:
+        """Each prompt's token ids (llm: an AsyncLLM's public surface): as given, or the text tokenised;
+        with a suffix, each prompt is the code before the completion, framed with the model's
+        fill-in-the-middle tokens (Tokenizer.encode_infill). ValueError "<field>: why"."""
+        prompts = self.prompts()
+        if self.suffix is None:
+            try:
+                return [llm.encode(p) for p in prompts]
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"prompt: {e}") from None
+        if not all(isinstance(p, str) for p in prompts):
+            raise ValueError("prompt: with suffix, prompts are text (the code before the completion)")
+        try:
+            return [llm.tokenizer.encode_infill(p, self.suffix) for p in prompts]
+        except ValueError as e:
+            raise ValueError(f"suffix: {e}") from None
+
     def prompt_logprobs_param(self) -> Optional[int]:
         return self.logprobs if self.echo else None  # echo with logprobs: the prompt's tokens scored too
 

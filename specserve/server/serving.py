@@ -100,32 +100,19 @@ class Serving:
                            param="max_tokens")
         return params
 
-    def prepare(self, body, prompts) -> tuple[list[list[int]], SamplingParams]:
+    def prepare(self, body) -> tuple[list[list[int]], SamplingParams]:
         """Tokenise and check (run in a worker thread: a prompt of megabytes takes seconds)."""
         if isinstance(body, ChatCompletionRequest):
             ids = [self.encode_messages(body, body.add_generation_prompt)]
         else:
-            ids = self.encode_prompts(body, prompts)
+            try:
+                ids = body.prompt_ids(self.engine(body))
+            except ValueError as e:  # "<field>: why"
+                raise ApiError(400, str(e), param=str(e).split(":", 1)[0]) from None
         if body.truncate_prompt_tokens is not None:  # the prompts as served: usage and echo count these (a bad
             # value is refused by make_params, as SamplingParams validates it)
             ids = [truncate_prompt(p, body.truncate_prompt_tokens, self.engine(body).max_model_len) for p in ids]
         return ids, self.make_params(body, ids)
-
-    def encode_prompts(self, body, prompts) -> list[list[int]]:
-        """A completion request's prompts' ids; with a suffix, each prompt is the text before the
-        completion and the model's fill-in-the-middle tokens frame the two (Tokenizer.encode_infill)."""
-        llm, suffix = self.engine(body), getattr(body, "suffix", None)
-        if suffix is None:
-            try:
-                return [llm.encode(p) for p in prompts]
-            except (TypeError, ValueError) as e:
-                raise ApiError(400, f"prompt: {e}", param="prompt") from None
-        if not all(isinstance(p, str) for p in prompts):
-            raise ApiError(400, "prompt: with suffix, prompts are text (the code before the completion)", param="prompt")
-        try:
-            return [llm.tokenizer.encode_infill(p, suffix) for p in prompts]
-        except ValueError as e:
-            raise ApiError(400, f"suffix: {e}", param="suffix") from None
 
     def encode_messages(self, body, add_generation_prompt: bool = True) -> list[int]:
         """body.messages (and its tools) through the model's chat template (a template's refusal: 400
@@ -147,12 +134,12 @@ class Serving:
         except ValueError as e:
             raise ApiError(400, f"messages: {str(e).splitlines()[0]}", param="messages") from None
 
-    async def admit_and_prepare(self, body, prompts=None):
+    async def admit_and_prepare(self, body):
         """A slot in flight first (so a burst is refused before any work), then the prompt tokenised
         off the event loop (the tokenizer releases the GIL: /health and other streams go on)."""
         slot = self.in_flight.admit()
         try:
-            ids, params = await asyncio.to_thread(self.prepare, body, prompts)
+            ids, params = await asyncio.to_thread(self.prepare, body)
         except BaseException:
             slot.release()
             raise

@@ -12,6 +12,7 @@ from specserve import LLM, SamplingParams
 from specserve.loading import embedded_model_path
 from specserve.loading.gguf_file import GGUFFile
 from specserve.loading.tokenizer import Tokenizer
+from specserve.server.routes.infill import repository_prompt
 
 from .serving import running
 
@@ -31,11 +32,12 @@ def serve(path, **cfg):
 
 @pytest.fixture(scope="module")
 def qwen(pulled):
-    """(the served port, an LLM of the same model and mode beside it, the served model's name)."""
+    """(the served port, an LLM of the same model and mode beside it, the served model's name, the
+    context /infill fits the other files into)."""
     path = pulled("qwen2.5-coder-0.5b")
     llm, app = serve(path)
     with running(app) as port:
-        yield port, LLM(path, kv_cache_gib=0.25, activations="int8"), llm.model_name
+        yield port, LLM(path, kv_cache_gib=0.25, activations="int8"), llm.model_name, min(llm.max_model_len, llm.cache_tokens)
     llm.shutdown()
 
 
@@ -71,8 +73,25 @@ def test_generation_ends_on_llama_cpps_end_of_generation_tokens(pulled):
         assert sorted(want) == [i for i in range(ll.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i) and i not in plain_s]
 
 
+def test_code_is_plain_text_in_a_fim_prompt(qwen):
+    """A file that spells a special token holds its characters, as llama.cpp tokenises prefix and
+    suffix (parse_special off), not the token: here <|endoftext|> would end the prompt's document."""
+    llm = qwen[1]
+    prefix = 'EOT = "<|endoftext|>"  # <|fim_middle|>\n' + PREFIX
+    ids = llm.tokenizer.encode_infill(prefix, SUFFIX)
+    assert [ids.count(t) for t in (151643, 151659, 151660, 151661)] == [0, 1, 1, 1]
+    assert llm.tokenizer.decode(ids, skip_special_tokens=False) == f"<|fim_prefix|>{prefix}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+    assert llm.tokenizer.encode(prefix, add_special_tokens=False).count(151643) == 1  # encode() reads the spelling
+    try:
+        import llama_cpp
+    except ImportError:
+        return
+    ll = llama_cpp.Llama(llm.engine.model_path, vocab_only=True, verbose=False)
+    assert ids[1:ids.index(151661)] == ll.tokenize(prefix.encode(), add_bos=False, special=False)
+
+
 def test_completions_with_a_suffix_fill_the_middle(qwen):
-    port, llm, model = qwen
+    port, llm, model, _ = qwen
     ids = llm.tokenizer.encode_infill(PREFIX, SUFFIX)
     assert llm.tokenizer.decode(ids, skip_special_tokens=False) == f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
     want = middle(llm, ids)
@@ -92,7 +111,7 @@ def test_completions_with_a_suffix_fill_the_middle(qwen):
 
 def test_ollamas_generate_with_a_suffix_fills_the_middle(qwen):
     ollama = pytest.importorskip("ollama")
-    port, llm, model = qwen
+    port, llm, model, _ = qwen
     want = middle(llm, llm.tokenizer.encode_infill(PREFIX, SUFFIX)).text
     client = ollama.Client(host=f"http://127.0.0.1:{port}", timeout=120)
     opts = {"temperature": 0, "num_predict": 32}
@@ -110,34 +129,53 @@ def test_llama_servers_infill_is_the_repository_layout_filled(qwen):
     (as llama.cpp's format_prompt_infill writes it), the prompt typed at the cursor after the prefix;
     llama.cpp's /completion object back, whole and as SSE events; n_predict 0 warms the cache and
     answers nothing."""
-    port, llm, model = qwen
-    ids = llm.tokenizer.encode_infill(PREFIX, SUFFIX, prompt="a", files=[(f["filename"], f["text"]) for f in FILES],
-                                      n_batch=2048, n_ctx=llm.engine.max_model_len, n_predict=32)
+    port, llm, model, n_ctx = qwen
+    files = [(f["filename"], f["text"]) for f in FILES]
+    ids = repository_prompt(llm.tokenizer, PREFIX, SUFFIX, "a", files, n_ctx=n_ctx)
     assert llm.tokenizer.decode(ids, skip_special_tokens=False) == (
         f"<|repo_name|>myproject\n<|file_sep|>util.py\n{FILES[0]['text']}<|file_sep|>filename\n"
         f"<|fim_prefix|>{PREFIX}a<|fim_suffix|>{SUFFIX}<|fim_middle|>")
     want = middle(llm, ids)
     body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": FILES, "prompt": "a", "n_predict": 32,
-            "temperature": 0, "top_k": 40, "top_p": 0.99, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
-            "t_max_prompt_ms": 500, "t_max_predict_ms": 1000}
+            "temperature": 0, "cache_prompt": True, "t_max_prompt_ms": 500, "n_indent": None}
     url = f"http://127.0.0.1:{port}/infill"
     got = httpx.post(url, json=body, timeout=120).json()
     stop_type = {"stop": "eos", "length": "limit"}[want.finish_reason]
     assert got["content"] == want.text and got["stop"] and got["stop_type"] == stop_type
     assert got["tokens_evaluated"] == got["timings"]["prompt_n"] == len(ids)
     assert got["tokens_predicted"] == got["timings"]["predicted_n"] == len(want.token_ids)
+    assert got["has_new_line"] == ("\n" in want.text)
     with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as r:
         events = [json.loads(line[len("data: "):]) for line in r.iter_lines() if line.startswith("data: ")]
     assert "".join(e["content"] for e in events) == want.text
     assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True] and events[-1]["stop_type"] == stop_type
     warm = httpx.post(url, json={**body, "n_predict": 0}, timeout=120).json()
     assert warm["content"] == "" and warm["tokens_predicted"] == 0 and warm["tokens_evaluated"] == len(ids)
-    short = httpx.post(url, json={**body, "n_predict": 2, "input_extra": []}, timeout=120).json()
-    assert short["stop_type"] == "limit" and short["tokens_predicted"] == 2
+    picked = httpx.post(url, json={**body, "n_predict": 2, "response_fields": ["content", "timings/predicted_n"]},
+                        timeout=120).json()
+    assert picked == {"content": want.text[:len(picked["content"])], "timings/predicted_n": 2}
     for bad, message in (({"input_suffix": ""}, '"input_prefix" is required'), ({**body, "input_extra": "x"}, "input_extra"),
-                         ({**body, "input_extra": [{"filename": "a"}]}, '"text"'), ({**body, "n_predict": "8"}, "n_predict")):
+                         ({**body, "input_extra": [{"filename": "a"}]}, '"text"'), ({**body, "n_predict": "8"}, "n_predict"),
+                         ({**body, "samplers": 3}, "samplers"), ({**body, "n_indent": "4"}, "n_indent")):
         r = httpx.post(url, json=bad, timeout=60)
         assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+
+
+def test_infills_samplers_and_indentation_stop_are_llama_servers(qwen):
+    """`samplers` names the steps that run (none: the full distribution at temperature 1, whatever
+    temperature says), and n_indent ends the middle at a line indented less than it."""
+    port, llm, model, n_ctx = qwen
+    url = f"http://127.0.0.1:{port}/infill"
+    ids = repository_prompt(llm.tokenizer, PREFIX, SUFFIX, n_ctx=n_ctx)
+    full = SamplingParams(temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0, seed=3, max_tokens=12)
+    want = llm.generate([ids], full)[0].outputs[0].text
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 12, "seed": 3}
+    assert httpx.post(url, json={**body, "temperature": 0, "samplers": []}, timeout=120).json()["content"] == want
+    assert httpx.post(url, json={**body, "temperature": 0, "samplers": ""}, timeout=120).json()["content"] == want
+    greedy = middle(llm, ids).text  # "a + b\n\nprint(...)": the empty line is indented less than 4
+    got = httpx.post(url, json={**body, "temperature": 0, "n_predict": 32, "n_indent": 4}, timeout=120).json()
+    assert "\n" in greedy and got["stop_type"] == "limit" and got["content"].endswith("\n")
+    assert greedy.startswith(got["content"]) and len(got["content"]) < len(greedy)
 
 
 def test_a_model_without_fim_tokens_is_refused_and_infill_is_guarded(embedded):

@@ -1,9 +1,14 @@
-"""Fill-in-the-middle prompts (loading/infill.py): the FIM ids found as llama.cpp finds them, and the
-prompt laid out as llama.cpp's format_prompt_infill lays it out (a transcription of its C++ below
-is the reference), on a toy vocabulary whose encode is one id per character."""
+"""Fill-in-the-middle prompts: the FIM ids found as llama.cpp finds them (loading/infill.py), and
+/infill's prompt laid out as llama.cpp's format_prompt_infill lays it out (server/routes/infill.py; a
+transcription of its C++ below is the reference), on a toy tokenizer whose encode is one id per
+character; llama-server's indentation and time stops on the text."""
 import pytest
 
-from specserve.loading.infill import FimTokens, find_fim_tokens, infill_ids
+from specserve.loading.infill import FimTokens, find_fim_tokens, frame
+
+pytest.importorskip("fastapi")
+from specserve.server.routes.infill import Stops, nested, repository_prompt, request_fields  # noqa: E402
+from specserve.server.routes.translated import RequestError  # noqa: E402
 
 QWEN = {"<|fim_prefix|>": 10, "<|fim_middle|>": 11, "<|fim_suffix|>": 12, "<|fim_pad|>": 13,
         "<|repo_name|>": 14, "<|file_sep|>": 15, "<|endoftext|>": 16}
@@ -25,7 +30,7 @@ def test_the_ids_come_from_the_header_first_then_from_the_vocabulary_by_text():
     none = find_fim_tokens({"<|im_start|>": 1, "<|im_end|>": 2, "<reponame>": 3})
     assert not none.can_infill and none.missing() == ["pre", "suf", "mid"] and none.ends() == [3]
     with pytest.raises(ValueError, match="no fill-in-the-middle tokens .*pre, suf, mid"):
-        infill_ids(none, encode, "a", "b")
+        frame(none, [1], [2])
 
 
 def format_prompt_infill(fim, prefix, suffix, extra_chunks, n_batch, n_predict, n_ctx, prompt, bos=None):
@@ -54,25 +59,106 @@ def format_prompt_infill(fim, prefix, suffix, extra_chunks, n_batch, n_predict, 
     return embd_inp + tokens_suffix + [fim.mid]
 
 
+class Toy:
+    """A Tokenizer's surface repository_prompt reads: one id per character."""
+    bos_token_id, add_bos = 5, True
+
+    def __init__(self, vocab):
+        self.fim = find_fim_tokens(vocab)
+
+    def encode_text(self, text):
+        return encode(text)
+
+    def encode(self, text, add_special_tokens=True):
+        return encode(text)
+
+
 def test_a_plain_fim_prompt_is_prefix_suffix_middle():
     fim = find_fim_tokens(QWEN)
-    assert infill_ids(fim, encode, "ab", "c") == [10, 1097, 1098, 12, 1099, 11]
-    assert infill_ids(fim, encode, "", "", bos=7) == [7, 10, 12, 11]
+    assert frame(fim, encode("ab"), encode("c")) == [10, 1097, 1098, 12, 1099, 11]
+    assert frame(fim, [], [], bos=7) == [7, 10, 12, 11]
 
 
 @pytest.mark.parametrize("vocab", [QWEN, {k: v for k, v in QWEN.items() if k != "<|file_sep|>"},
                                    {k: v for k, v in QWEN.items() if k != "<|repo_name|>"}])
 @pytest.mark.parametrize("n_batch,n_ctx,n_predict", [(2048, 8192, 64), (16, 200, 10), (16, 40, 4), (8, 8, 0)])
 def test_the_repository_layout_and_its_limits_are_llama_cpps(vocab, n_batch, n_ctx, n_predict):
-    fim = find_fim_tokens(vocab)
+    tok = Toy(vocab)
     files = [{"filename": "util.py", "text": "def f():\n    pass\n"}, {"filename": "", "text": "x = 1\n"}]
     for prefix, suffix, prompt in (("import os\n\ndef main():\n    ", "\n\nmain()\n", "pri"), ("", "", ""),
                                    ("p" * 40, "s" * 40, "q" * 3)):
-        want = format_prompt_infill(fim, prefix, suffix, files, n_batch, n_predict, n_ctx, prompt, bos=5)
-        got = infill_ids(fim, encode, prefix, suffix, bos=5, prompt=prompt,
-                         files=[(f["filename"], f["text"]) for f in files], n_batch=n_batch, n_ctx=n_ctx,
-                         n_predict=n_predict)
+        want = format_prompt_infill(tok.fim, prefix, suffix, files, n_batch, n_predict, n_ctx, prompt, bos=5)
+        got = repository_prompt(tok, prefix, suffix, prompt, [(f["filename"], f["text"]) for f in files],
+                                n_batch=n_batch, n_ctx=n_ctx, room=2 * n_predict)
         assert got == want
     # no files: the project and the file line only (llama.cpp's /infill adds them always)
-    got = infill_ids(fim, encode, "a", "b", files=[], n_batch=2048, n_ctx=8192)
-    assert got == format_prompt_infill(fim, "a", "b", [], 2048, 0, 8192, "")
+    assert repository_prompt(tok, "a", "b", n_ctx=8192) == format_prompt_infill(tok.fim, "a", "b", [], 2048, 0, 8192, "", bos=5)
+
+
+def server_stops(text_pieces, n_indent=0, t_max_ms=0, times=None):
+    """llama-server's process_token on these tokens' texts (server-context.cpp), line for line: the
+    text sent and whether it stopped."""
+    generated, last_nl_pos, has_new_line = "", 0, False
+    for i, piece in enumerate(text_pieces):
+        generated += piece
+        if has_new_line and n_indent > 0:
+            if last_nl_pos > 0:
+                pos = last_nl_pos
+                while pos < len(generated) and generated[pos] in " \t":
+                    pos += 1
+                if pos < len(generated) and pos - last_nl_pos < n_indent:
+                    return generated[:pos], True
+            nl = generated.find("\n", last_nl_pos)
+            if nl >= 0:
+                last_nl_pos = nl + 1
+        if "\n" in piece:
+            has_new_line = True
+            if t_max_ms > 0 and times[i] * 1e3 > t_max_ms:
+                return generated, True
+    return generated, False
+
+
+@pytest.mark.parametrize("pieces", [
+    ["    if x:", "\n", "        ", "return 1", "\n", "    ", "return 2", "\n", "x", " = 3"],
+    ["a", "\n", "\n", "b"],  # an empty line is indented less
+    ["  ", "x", "\n", "  ", "  ", "y", "\n", " ", "z"],
+    ["one line only"],
+])
+@pytest.mark.parametrize("n_indent", [0, 1, 4, 8])
+def test_the_indentation_and_time_stops_are_llama_servers(pieces, n_indent):
+    """Token by token (the engine's one-token steps), the middle and the stop are llama-server's (a
+    streamed middle cannot take back what it sent: the whole response's is the cut one)."""
+    times = [0.1 * i for i in range(len(pieces))]
+    for t_max_ms in (0, 150):
+        want = server_stops(pieces, n_indent, t_max_ms, times)
+        stops = Stops({"n_indent": n_indent, "t_max_predict_ms": t_max_ms})
+        ended = False
+        for piece, t in zip(pieces, times):
+            _, ended = stops.cut(piece, t)
+            if ended:
+                break
+        assert (stops.text, ended) == want
+
+
+def test_response_fields_pick_nested_values_by_path():
+    obj = {"content": "x", "timings": {"prompt_n": 3, "predicted_ms": 1.5}}
+    assert nested(["content", "timings/prompt_n", "timings/none", "nope/x"], obj) == {"content": "x", "timings/prompt_n": 3}
+
+
+def test_llama_servers_fields_map_onto_the_request_with_its_defaults():
+    defaults = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "stream": False, "stream_options": None}
+    assert request_fields({}, 4096) == (defaults, -1)  # n_predict -1: no max_tokens, until a stop or the context's end
+    assert request_fields({"temperature": None, "n_predict": None, "seed": -1}, 4096) == (defaults, -1)  # nulls unset
+    got, n = request_fields({"n_predict": 0, "seed": 7, "repeat_penalty": 1.1, "stop": ["\n"], "stream": True}, 4096)
+    assert n == 0 and got["max_tokens"] == 1 and got["seed"] == 7 and got["repetition_penalty"] == 1.1
+    assert got["stop"] == ["\n"] and got["stream_options"] == {"include_usage": True}
+    assert request_fields({"n_predict": 64}, 4096)[0]["max_tokens"] == 64
+    assert "max_tokens" not in request_fields({"n_predict": 5000}, 4096)[0]  # past the context: to its end
+    # llama.vscode's samplers: no temperature step (1), no min-p (0); the named ones keep their values
+    got = request_fields({"samplers": ["top_k", "top_p", "infill"], "top_p": 0.99, "temperature": 0}, 4096)[0]
+    assert (got["temperature"], got["top_k"], got["top_p"], got["min_p"]) == (1.0, 40, 0.99, 0.0)
+    got = request_fields({"samplers": "kt", "temperature": 0.2}, 4096)[0]
+    assert (got["temperature"], got["top_k"], got["top_p"], got["min_p"]) == (0.2, 40, 1.0, 0.0)
+    for bad in ({"n_predict": "8"}, {"n_predict": True}, {"stream": "yes"}, {"samplers": 3}, {"samplers": [1]}):
+        with pytest.raises(RequestError):
+            request_fields(bad, 4096)

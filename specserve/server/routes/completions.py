@@ -106,7 +106,7 @@ def router(s: Serving) -> APIRouter:
         prompts = body.prompts()
         if not 1 <= len(prompts) <= s.cfg.max_prompts:
             raise ApiError(400, f"prompt must hold 1 to {s.cfg.max_prompts} prompts", param="prompt")
-        slot, ids, params = await s.admit_and_prepare(body, prompts)
+        slot, ids, params = await s.admit_and_prepare(body)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         streams = [s.engine(body).generate(p, params) for p in ids]
         fmt = CompletionChoice(s.token_text(body))

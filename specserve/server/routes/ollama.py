@@ -27,23 +27,17 @@ from fastapi.responses import JSONResponse
 from ... import __version__
 from ...types import StreamDelta
 from ..errors import ApiError
-from ..limits import SlotStreamingResponse
-from ..protocol import ChatCompletionRequest, CompletionRequest
+from ..protocol import ChatCompletionRequest
 from ..serving import Serving
 from .chat import ChatChoice
 from .completions import CompletionChoice
+from .translated import FillingCompletion, RequestError, answer, ndjson, random_seed, read_json, without_nulls
 
 # ollama's options -> the OpenAI request's fields (vLLM's extras where OpenAI has none)
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
            "stop": "stop", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
            "frequency_penalty": "frequency_penalty"}
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}  # ollama's (api/types.go DefaultOptions)
-
-
-class OllamaError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 def _now() -> str:
@@ -54,15 +48,15 @@ def request_fields(body: dict, max_model_len: int) -> dict:
     """The OpenAI request's fields from ollama's options, format and stream (a null is as if unset)."""
     opts = body.get("options") or {}
     if not isinstance(opts, dict):
-        raise OllamaError(400, "options must be an object")
-    opts = {k: v for k, v in opts.items() if v is not None}
+        raise RequestError(400, "options must be an object")
+    opts = without_nulls(opts)
     out: dict[str, Any] = {OPTIONS[k]: v for k, v in {**DEFAULTS, **opts}.items() if k in OPTIONS}
-    if isinstance(out.get("seed"), (int, float)) and not isinstance(out["seed"], bool) and out["seed"] < 0:
-        del out["seed"]  # ollama's -1: no seed
+    if random_seed(out.get("seed")):
+        del out["seed"]
     n = opts.get("num_predict")
     if n is not None:
         if isinstance(n, bool) or not isinstance(n, (int, float)) or n != int(n):
-            raise OllamaError(400, f"num_predict must be an integer, got {n!r}")
+            raise RequestError(400, f"num_predict must be an integer, got {n!r}")
         if 1 <= n < max_model_len:  # 0, -1 (ollama's default), -2 and past the context: until a stop or the context's end
             out["max_tokens"] = int(n)
     fmt = body.get("format")
@@ -71,22 +65,17 @@ def request_fields(body: dict, max_model_len: int) -> dict:
     elif isinstance(fmt, dict):
         out["guided_json"] = fmt
     elif fmt not in (None, ""):
-        raise OllamaError(400, 'format must be "json" or a JSON Schema')
+        raise RequestError(400, 'format must be "json" or a JSON Schema')
     for name in ("images", "context", "template"):
         if body.get(name):
-            raise OllamaError(400, f"{name} is not supported")
+            raise RequestError(400, f"{name} is not supported")
     stream = body.get("stream")
     if stream is None:
         stream = True  # ollama streams unless told not to
     if not isinstance(stream, bool):
-        raise OllamaError(400, f"stream must be true or false, got {stream!r}")
+        raise RequestError(400, f"stream must be true or false, got {stream!r}")
     out.update(stream=stream, stream_options={"include_usage": True} if stream else None)
     return out
-
-
-class FillingCompletion(CompletionRequest):
-    """A raw /api/generate: no num_predict means until a stop or the context's end, as ollama's -1."""
-    fills_context = True
 
 
 def router(s: Serving) -> APIRouter:
@@ -108,11 +97,11 @@ def router(s: Serving) -> APIRouter:
         """The served model a body names (ollama's "name:latest" is its untagged name); 404 for another."""
         name = body.get("model") or body.get("name") or s.model_name
         if not isinstance(name, str):
-            raise OllamaError(400, "model must be a string")
+            raise RequestError(400, "model must be a string")
         if name not in s.models and name.endswith(":latest") and name[:-len(":latest")] in s.models:
             name = name[:-len(":latest")]
         if name not in s.models:
-            raise OllamaError(404, f"model '{name}' not found")
+            raise RequestError(404, f"model '{name}' not found")
         return name
 
     def failed(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
@@ -122,8 +111,8 @@ def router(s: Serving) -> APIRouter:
     @r.post("/api/show", include_in_schema=False)
     async def show(http: Request):
         try:
-            name = model_of(await _json(http))
-        except OllamaError as e:
+            name = model_of(await read_json(http))
+        except RequestError as e:
             return failed(e.status, e.message)
         tok = s.models[name].tokenizer
         return {"template": tok.chat_template or "", "parameters": "", "modelfile": "", "details": card(name)["details"],
@@ -143,7 +132,7 @@ def router(s: Serving) -> APIRouter:
     async def _run(http: Request, chat: bool):
         t0 = time.perf_counter_ns()
         try:
-            body = await _json(http)
+            body = await read_json(http)
             name = model_of(body)
             fields = {"model": name, **request_fields(body, s.models[name].max_model_len)}
             if not (body.get("messages") if chat else body.get("prompt")):  # ollama's way of loading a model
@@ -153,15 +142,15 @@ def router(s: Serving) -> APIRouter:
                 if chat:
                     messages = body["messages"]
                     if isinstance(messages, list) and any(isinstance(m, dict) and m.get("images") for m in messages):
-                        raise OllamaError(400, "images are not supported")
+                        raise RequestError(400, "images are not supported")
                     req = ChatCompletionRequest(messages=messages, tools=body.get("tools"), **fields)
                 elif not isinstance(body["prompt"], str):
-                    raise OllamaError(400, "prompt must be a string")
+                    raise RequestError(400, "prompt must be a string")
                 elif body.get("suffix"):  # fill in the middle (ollama's template: no system; "" is unset, as in Go)
                     if body.get("raw"):
-                        raise OllamaError(400, "raw does not take a suffix (the suffix needs the model's template)")
+                        raise RequestError(400, "raw does not take a suffix (the suffix needs the model's template)")
                     if not isinstance(body["suffix"], str):
-                        raise OllamaError(400, "suffix must be a string")
+                        raise RequestError(400, "suffix must be a string")
                     req = FillingCompletion(prompt=body["prompt"], suffix=body["suffix"], **fields)
                 elif body.get("raw"):
                     req = FillingCompletion(prompt=body["prompt"], **fields)
@@ -170,11 +159,10 @@ def router(s: Serving) -> APIRouter:
                     req = ChatCompletionRequest(messages=system + [{"role": "user", "content": body["prompt"]}], **fields)
             except pydantic.ValidationError as e:
                 err = e.errors()[0]
-                raise OllamaError(400, f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+                raise RequestError(400, f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
             s.check_common(req)
-            prompts = None if isinstance(req, ChatCompletionRequest) else req.prompts()
-            slot, ids, params = await s.admit_and_prepare(req, prompts)
-        except OllamaError as e:
+            slot, ids, params = await s.admit_and_prepare(req)
+        except RequestError as e:
             return failed(e.status, e.message)
         except ApiError as e:
             return failed(e.status, e.message, e.headers)
@@ -182,31 +170,10 @@ def router(s: Serving) -> APIRouter:
         reply = _Reply(name, chat, is_chat, t0)
         streams = [reply.timed(s.engine(req).generate(ids[0], params))]
         fmt = ChatChoice(s.token_text(req), req.tool_mode()) if is_chat else CompletionChoice(s.token_text(req))
-        choices = s.new_choices(req, fmt, 1, ids)
-        if req.stream:
-            async def lines():
-                async for chunk in s.chunks(req, streams, choices, {}):
-                    line = reply.line(chunk)
-                    if line is not None:
-                        yield json.dumps(line, ensure_ascii=False) + "\n"
-            return SlotStreamingResponse(lines(), slot, media_type="application/x-ndjson")
-        try:
-            whole = await s.respond(http, slot, req, streams, choices, {}, "")
-        except ApiError as e:  # a guided dead end (format), the engine gone: ollama's error object too
-            return failed(e.status, e.message, e.headers)
-        return reply.whole(whole) if isinstance(whole, dict) else whole
+        return await answer(s, http, slot, req, streams, s.new_choices(req, fmt, 1, ids), reply.line, reply.whole,
+                            failed, "application/x-ndjson", ndjson)
 
     return r
-
-
-async def _json(http: Request) -> dict:
-    try:
-        body = await http.json()
-    except ValueError:
-        raise OllamaError(400, "the request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise OllamaError(400, "the request body must be a JSON object")
-    return body
 
 
 def _object(arguments: Optional[str]) -> Any:
