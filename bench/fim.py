@@ -76,7 +76,7 @@ def run_specserve(args, ids: list[list[int]], draft: str) -> dict:
                 rep.append((time.perf_counter() - t0, rate, o.text, o.token_ids))
             runs.append(rep)
         res[name] = fastest(runs)
-        print(f"{name}: median {statistics.median(lat) * 1e3:.0f} ms a request", flush=True)
+        print(f"{name}: median {statistics.median(res[name]['latency_s']) * 1e3:.0f} ms a request", flush=True)
         del llm
     return res
 
