@@ -12,6 +12,7 @@ import datetime
 import hashlib
 import json
 import os
+import threading
 from array import array
 from typing import Optional, Sequence
 
@@ -24,6 +25,8 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from . import chat_templates, infill
 from .infill import FimTokens, find_fim_tokens
+
+_PLAIN_LOCK = threading.Lock()  # one build of a tokenizer's plain-text copy (Tokenizer.encode_text) at a time
 
 # Pre-tokenizer regexes by GGUF `tokenizer.ggml.pre` (as in llama.cpp's llama-vocab.cpp).
 _GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -303,9 +306,11 @@ class Tokenizer:
         file) is its characters, not the token, as llama.cpp tokenises without parse_special. Code and
         documents quoted into a prompt go in this way; encode() reads the spellings as the tokens."""
         if self._plain is None:  # a copy: the flag is the backend's, and other threads encode with it
-            plain = HFTokenizer.from_str(self.backend.to_str())
-            plain.encode_special_tokens = True
-            self._plain = plain
+            with _PLAIN_LOCK:
+                if self._plain is None:
+                    plain = HFTokenizer.from_str(self.backend.to_str())
+                    plain.encode_special_tokens = True
+                    self._plain = plain
         return self._plain.encode_batch([text], add_special_tokens=False)[0].ids
 
     def encode_infill(self, prefix: str, suffix: str) -> list[int]:

@@ -30,6 +30,8 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
     # max_tokens left out: the rest of the context (chat, as vLLM), or OpenAI's 16 (completions)
     fills_context: ClassVar[bool] = True
+    # a length past the context (or the KV cache) is cut to it (llama-server's way) rather than refused (vLLM's)
+    clamps_length: ClassVar[bool] = False
 
     model: Optional[str] = None
     max_tokens: Optional[int] = None

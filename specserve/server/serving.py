@@ -81,6 +81,8 @@ class Serving:
             # a chat client that leaves max_tokens out is served, not refused for a length it never asked
             fits = llm.cache_tokens - longest
             default = max(1, min(room, fits) if body.fills_context else min(16, room, fits))
+            if body.clamps_length and body.max_tokens is not None and body.max_tokens > min(room, fits):
+                body = body.model_copy(update={"max_tokens": max(1, min(room, fits))})  # to the context's end
             params = body.sampling_params(default, logprobs)
             for ids in prompts_ids:
                 llm.check(ids, params)

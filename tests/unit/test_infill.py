@@ -140,6 +140,47 @@ def test_the_indentation_and_time_stops_are_llama_servers(pieces, n_indent):
         assert (stops.text, ended) == want
 
 
+def test_the_indentation_stop_by_hand():
+    """Two cases worked through llama-server's process_token by hand: the first new line's check comes
+    one token after the token that began its line (later lines are found a token earlier), and the
+    line's text is cut, its indentation kept."""
+    stops = Stops({"n_indent": 4})
+    assert [stops.cut(p, 0)[1] for p in ["    a", "\n", "b"]] == [False, False, False]  # "b" began the line: not yet
+    assert stops.cut("c", 0) == ("", True) and stops.text == "    a\n"
+    stops = Stops({"n_indent": 2})
+    assert [stops.cut(p, 0)[1] for p in ["x", "\n", "  y", "\n", "z"]] == [False] * 4 + [True]  # no lag past the first
+    assert stops.text == "x\n  y\n"
+    with pytest.raises(RequestError):
+        Stops({"t_max_predict_ms": "500"})
+    with pytest.raises(RequestError):
+        Stops({"n_indent": True})
+
+
+def test_a_verify_steps_tokens_are_checked_one_by_one():
+    """A delta of several tokens (speculation) is checked token by token: the middle is the one the
+    same tokens give one at a time, and the streamed delta carries the text up to the cut."""
+    import asyncio
+
+    from specserve.server.routes.infill import _Reply
+    from specserve.types import StreamDelta
+    texts = {1: "    a", 2: "\n", 3: "b", 4: "\n", 5: "c", 6: " = 1"}
+
+    def run(groups):
+        reply = _Reply("m", 3, False, None, Stops({"n_indent": 4}), texts.__getitem__, 0.0)
+
+        async def engine():
+            for g in groups:
+                yield StreamDelta(index=0, text="".join(texts[t] for t in g), token_ids=list(g))
+
+        async def collect():
+            return [d async for d in reply.timed(engine())]
+        return asyncio.run(collect()), reply.stops.text
+    one, one_text = run([[t] for t in texts])
+    grouped, grouped_text = run([[1, 2, 3, 4], [5, 6]])
+    assert one_text == grouped_text == "    a\n"
+    assert "".join(d.text for d in grouped) == "    a\nb" and grouped[-1].finish_reason == "length"
+
+
 def test_response_fields_pick_nested_values_by_path():
     obj = {"content": "x", "timings": {"prompt_n": 3, "predicted_ms": 1.5}}
     assert nested(["content", "timings/prompt_n", "timings/none", "nope/x"], obj) == {"content": "x", "timings/prompt_n": 3}
@@ -154,11 +195,15 @@ def test_llama_servers_fields_map_onto_the_request_with_its_defaults():
     assert got["stop"] == ["\n"] and got["stream_options"] == {"include_usage": True}
     assert request_fields({"n_predict": 64}, 4096)[0]["max_tokens"] == 64
     assert "max_tokens" not in request_fields({"n_predict": 5000}, 4096)[0]  # past the context: to its end
-    # llama.vscode's samplers: no temperature step (1), no min-p (0); the named ones keep their values
-    got = request_fields({"samplers": ["top_k", "top_p", "infill"], "top_p": 0.99, "temperature": 0}, 4096)[0]
+    # llama.vscode's samplers: no temperature step (1), no min-p (0), no penalties; the named ones keep their values
+    got = request_fields({"samplers": ["top_k", "top_p", "infill"], "top_p": 0.99, "temperature": 0,
+                          "repeat_penalty": 1.3}, 4096)[0]
     assert (got["temperature"], got["top_k"], got["top_p"], got["min_p"]) == (1.0, 40, 0.99, 0.0)
-    got = request_fields({"samplers": "kt", "temperature": 0.2}, 4096)[0]
-    assert (got["temperature"], got["top_k"], got["top_p"], got["min_p"]) == (0.2, 40, 1.0, 0.0)
+    assert (got["repetition_penalty"], got["presence_penalty"], got["frequency_penalty"]) == (1.0, 0.0, 0.0)
+    got = request_fields({"samplers": "kte", "temperature": 0.2, "repeat_penalty": 1.3}, 4096)[0]
+    assert (got["temperature"], got["top_k"], got["top_p"], got["min_p"], got["repetition_penalty"]) == (0.2, 40, 1.0, 0.0, 1.3)
+    got = request_fields({"samplers": ["Temp", "top-k", "minp", "nucleus"], "temperature": 0.3}, 4096)[0]  # llama.cpp's aliases
+    assert (got["temperature"], got["top_k"], got["top_p"], got["min_p"]) == (0.3, 40, 0.95, 0.05)
     for bad in ({"n_predict": "8"}, {"n_predict": True}, {"stream": "yes"}, {"samplers": 3}, {"samplers": [1]}):
         with pytest.raises(RequestError):
             request_fields(bad, 4096)

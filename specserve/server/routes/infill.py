@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, ClassVar, Optional
 
 import pydantic
 from fastapi import APIRouter, Request
@@ -36,9 +36,11 @@ from .completions import CompletionChoice
 from .translated import FillingCompletion, RequestError, answer, random_seed, read_json, sse, without_nulls
 
 N_BATCH = 2048  # llama-server's default batch: the FIM part is fitted into one (format_prompt_infill)
-# Room kept for the middle when the other files are cut to fit the context: llama.cpp's 2 n_predict
-# for llama.vscode's default n_predict of 128, whatever a request asks, so a warm-up (n_predict 0)
-# and the request it warms build the same prompt (llama.cpp uses its server-wide n_predict).
+# Room kept for the middle where the other files are cut to fit the context, whatever a request asks,
+# so a warm-up (n_predict 0) and the request it warms build the same prompt. llama.cpp takes its
+# server-wide n_predict (-1 by default: it keeps n_ctx - n_batch + 2 of the files, up to the context's
+# last tokens); this keeps twice llama.vscode's default n_predict of 128, so the files' cut differs
+# from llama.cpp's where they overflow the context. A longer middle is cut at the context's end.
 MIDDLE_ROOM = 2 * 128
 SNIPPET = "\n\n--- snippet ---\n\n"  # llama.cpp's separator of two files where the model has no file separator
 # llama-server's fields -> the OpenAI request's, and its defaults (common/common.h common_params_sampling)
@@ -46,8 +48,17 @@ FIELDS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min
           "stop": "stop", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
           "frequency_penalty": "frequency_penalty"}
 DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
-# a sampling step left out of `samplers` does not run: its field's neutral value (names and chars)
-NEUTRAL = {"temperature": ("t", 1.0), "top_k": ("k", -1), "top_p": ("p", 1.0), "min_p": ("m", 0.0)}
+# a sampling step left out of `samplers` does not run: (its char, its fields' neutral values)
+NEUTRAL = {"temperature": ("t", {"temperature": 1.0}), "top_k": ("k", {"top_k": -1}), "top_p": ("p", {"top_p": 1.0}),
+           "min_p": ("m", {"min_p": 0.0}),
+           "penalties": ("e", {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0})}
+ALIASES = {"topk": "top_k", "topp": "top_p", "minp": "min_p", "nucleus": "top_p", "temp": "temperature"}  # llama.cpp's
+
+
+def sampler_name(name: str) -> str:
+    """A `samplers` name as llama.cpp reads it: canonical, kebab-case, without the dash, or an alias."""
+    name = name.lower().replace("-", "_")
+    return ALIASES.get(name, name)
 
 
 def repository_prompt(tok, prefix: str, suffix: str, prompt: str = "", files: list[tuple[str, str]] = (),
@@ -86,6 +97,8 @@ class InfillRequest(FillingCompletion):
     input_extra: list[tuple[str, str]] = []
     typed: str = ""  # llama-server's `prompt`
 
+    clamps_length: ClassVar[bool] = True  # an n_predict past the room left: to the context's end
+
     def prompts(self) -> list[str]:
         return [self.input_prefix]
 
@@ -104,9 +117,10 @@ def request_fields(body: dict, max_model_len: int) -> tuple[dict, int]:
     if samplers is not None:
         if not (isinstance(samplers, str) or (isinstance(samplers, list) and all(isinstance(x, str) for x in samplers))):
             raise RequestError(400, '"samplers" must be an array of sampler names or a string of sampler chars')
+        named = set(samplers) if isinstance(samplers, str) else {sampler_name(x) for x in samplers}
         for name, (char, neutral) in NEUTRAL.items():
-            if (char not in samplers) if isinstance(samplers, str) else (name not in samplers):
-                out[name] = neutral
+            if (char if isinstance(samplers, str) else name) not in named:
+                out.update(neutral)
     n = body.get("n_predict", -1)
     if isinstance(n, bool) or not isinstance(n, int):
         raise RequestError(400, f'"n_predict" must be an integer, got {n!r}')
@@ -168,7 +182,7 @@ def router(s: Serving) -> APIRouter:
         t0 = time.perf_counter()
         try:
             body = await read_json(http)
-            name = body.get("model") if len(s.models) > 1 else None  # llama-server serves one model, reads no name
+            name = (body.get("model") or None) if len(s.models) > 1 else None  # llama-server serves one model, reads no name
             if name is not None and (not isinstance(name, str) or name not in s.models):
                 raise s.unknown_model(str(name))
             llm = s.models[name or s.model_name]
@@ -178,7 +192,7 @@ def router(s: Serving) -> APIRouter:
             for key in ("input_prefix", "input_suffix"):
                 if not isinstance(body.get(key), str):
                     raise RequestError(400, f'"{key}" is required' if key not in body else f'"{key}" must be a string')
-            if not isinstance(body.get("prompt") or "", str):
+            if body.get("prompt") is not None and not isinstance(body["prompt"], str):
                 raise RequestError(400, '"prompt" must be a string')
             stops = Stops(body)
             fields, n_predict = request_fields(body, llm.max_model_len)
@@ -195,7 +209,9 @@ def router(s: Serving) -> APIRouter:
             return failed(e.status, e.message)
         except ApiError as e:
             return failed(e.status, e.message, e.headers)
-        reply = _Reply(name or s.model_name, len(ids[0]), n_predict == 0, body.get("response_fields"), stops, t0)
+        tok = llm.tokenizer
+        reply = _Reply(name or s.model_name, len(ids[0]), n_predict == 0, body.get("response_fields"), stops,
+                       lambda t: tok.decode([t]), t0)
         streams = [reply.timed(llm.generate(ids[0], params))]
         choices = s.new_choices(req, CompletionChoice(s.token_text(req)), 1, ids)
         return await answer(s, http, slot, req, streams, choices, reply.event, reply.whole, failed,
@@ -212,11 +228,11 @@ class Stops:
     token with a new line once that long has passed since the first token."""
 
     def __init__(self, body: dict):
-        self.n_indent = body.get("n_indent") or 0
-        self.t_max_s = (body.get("t_max_predict_ms") or 0) / 1e3
-        for key, v in (("n_indent", self.n_indent), ("t_max_predict_ms", self.t_max_s)):
+        for key in ("n_indent", "t_max_predict_ms"):
+            v = body.get(key) or 0
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise RequestError(400, f'"{key}" must be a number, got {v!r}')
+        self.n_indent, self.t_max_s = body.get("n_indent") or 0, (body.get("t_max_predict_ms") or 0) / 1e3
         self.text, self.line, self.has_new_line = "", 0, False  # the middle so far; the line checked (0: none)
 
     def cut(self, piece: str, since_first_s: float) -> tuple[str, bool]:
@@ -245,9 +261,10 @@ class _Reply:
     """OpenAI chunks or a whole response -> llama-server's /completion objects: an event per piece of
     text, then the last with stop, stop_type and timings."""
 
-    def __init__(self, model: str, prompt_n: int, warm_up: bool, fields: Optional[list], stops: Stops, t0: float):
+    def __init__(self, model: str, prompt_n: int, warm_up: bool, fields: Optional[list], stops: Stops,
+                 token_text: Callable[[int], str], t0: float):
         self.model, self.prompt_n, self.warm_up, self.fields, self.t0 = model, prompt_n, warm_up, fields, t0
-        self.stops = stops
+        self.stops, self.token_text = stops, token_text  # token_text(id): its text, special tokens dropped
         self.first: Optional[float] = None  # when the first token came: the prompt's time ends there
         self.predicted = 0
         self.text = ""  # the middle sent so far
@@ -263,9 +280,19 @@ class _Reply:
                 if self.first is None and d.token_ids:
                     self.first = now
                 self.predicted += len(d.token_ids)
-                text, end = self.stops.cut(d.text, now - (self.first or now))
+                # llama-server checks after each token: a verify step's tokens one by one (their texts, where
+                # they add up to the delta's: not where a stop string holds text back or a character spans two)
+                pieces = [self.token_text(t) for t in d.token_ids]
+                if "".join(pieces) != d.text:
+                    pieces = [d.text]
+                sent, end = "", False
+                for piece in pieces:
+                    text, end = self.stops.cut(piece, now - (self.first or now))
+                    sent += text
+                    if end:
+                        break
                 if end:
-                    yield dataclasses.replace(d, text=text, finish_reason=d.finish_reason or "length")
+                    yield dataclasses.replace(d, text=sent, finish_reason=d.finish_reason or "length")
                     return
                 yield d
         finally:

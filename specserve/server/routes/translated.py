@@ -46,7 +46,7 @@ def without_nulls(d: dict) -> dict:
 
 def random_seed(seed) -> bool:
     """ollama's and llama.cpp's -1 (their default): no seed."""
-    return isinstance(seed, int) and not isinstance(seed, bool) and seed < 0
+    return isinstance(seed, (int, float)) and not isinstance(seed, bool) and seed < 0
 
 
 async def answer(s: Serving, http: Request, slot, req, streams, choices, line: Callable[[dict], Optional[dict]],
