@@ -485,6 +485,8 @@ class StreamDelta:
     # SamplingParams.prompt_logprobs, on a sample's first delta: RequestOutput's fields of the same names
     prompt_logprobs: Optional[list[Optional[float]]] = None
     prompt_top_logprobs: Optional[list[Optional[dict[int, float]]]] = None
+    # on a sample's first delta: its prompt's tokens whose KV came from the prefix cache
+    num_cached_tokens: Optional[int] = None
 
     @property
     def finished(self) -> bool:

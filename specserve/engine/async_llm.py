@@ -61,8 +61,8 @@ _END = object()  # after a stream's last delta
 
 
 def _delta(r: Request, index: int, text: str, sent: int) -> StreamDelta:
-    """What r gained since its first `sent` output tokens (the first delta: its prompt's log-probabilities
-    too, where asked)."""
+    """What r gained since its first `sent` output tokens (the first delta: its prompt's cached tokens,
+    and its log-probabilities where asked)."""
     k, pk = r.params.num_top_logprobs, (r.params.prompt_logprobs if sent == 0 else None)
     return StreamDelta(
         index=index, text=text, token_ids=list(r.output_token_ids[sent:]),
@@ -72,7 +72,8 @@ def _delta(r: Request, index: int, text: str, sent: int) -> StreamDelta:
         finish_reason=r.finish_reason.value if r.is_finished and r.finish_reason else None,
         stop_reason=r.stop_reason if r.is_finished else None, error=r.error if r.is_finished else None,
         prompt_logprobs=None if pk is None else list(r.prompt_logprobs),
-        prompt_top_logprobs=list(r.prompt_top_logprobs) if pk else None)
+        prompt_top_logprobs=list(r.prompt_top_logprobs) if pk else None,
+        num_cached_tokens=r.num_cached_tokens if sent == 0 else None)
 
 
 class AsyncLLM:

@@ -61,6 +61,7 @@ class Choices:
                  origin_runs: Optional[Callable[[], OriginRuns]] = None):
         self.fmt, self.n, self.prompt_tokens, self.origin_runs = fmt, n, prompt_tokens, origin_runs
         self.completion_tokens = 0
+        self._cached: dict[int, int] = {}  # prompt -> its tokens found in the prefix cache
         self._offset: dict[int, int] = {}  # text so far per choice (completions' text_offset; chat's role once)
         self._runs: dict[int, OriginRuns] = {}
         self._whole: dict[int, dict] = {}
@@ -73,6 +74,8 @@ class Choices:
         """(the choice's first delta?, its text offset before this one), counting the delta in."""
         first, offset = c not in self._offset, self._offset.get(c, 0)
         self._offset[c] = offset + len(d.text)
+        if d.num_cached_tokens is not None:  # a sample's first delta (the n samples share one prompt's KV)
+            self._cached[c // self.n] = max(self._cached.get(c // self.n, 0), d.num_cached_tokens)
         self.completion_tokens += len(d.token_ids)
         return first, offset
 
@@ -105,8 +108,10 @@ class Choices:
         return [self._whole[i] for i in sorted(self._whole)]
 
     def usage(self) -> dict:
+        """OpenAI's usage, prompt_tokens_details.cached_tokens the prompts' tokens the prefix cache held."""
         done = self.completion_tokens
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done, "total_tokens": self.prompt_tokens + done}
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done, "total_tokens": self.prompt_tokens + done,
+                "prompt_tokens_details": {"cached_tokens": sum(self._cached.values())}}
 
     def _origins(self, c: int, d: StreamDelta) -> dict:
         """A streamed choice's new tokens' origins and their text in runs of one origin, when asked; else {}."""

@@ -102,6 +102,9 @@ def test_completions_with_a_suffix_fill_the_middle(qwen):
     assert got.usage.prompt_tokens == 2 * len(ids)
     parts = client.completions.create(model=model, prompt=PREFIX, suffix=SUFFIX, temperature=0, max_tokens=32, stream=True)
     assert "".join(c.choices[0].text for c in parts if c.choices) == want.text
+    # OpenAI's usage.prompt_tokens_details: the prompt's whole 16-token blocks found in the prefix cache
+    again = client.completions.create(model=model, prompt=PREFIX, suffix=SUFFIX, temperature=0, max_tokens=1)
+    assert len(ids) > 16 and again.usage.prompt_tokens_details.cached_tokens == (len(ids) - 1) // 16 * 16
     for body, param in (({"prompt": PREFIX, "suffix": SUFFIX, "echo": True}, "echo"),
                         ({"prompt": [1, 2, 3], "suffix": SUFFIX}, "prompt"),
                         ({"prompt": PREFIX, "suffix": SUFFIX, "truncate_prompt_tokens": 4}, "truncate_prompt_tokens")):
@@ -142,15 +145,20 @@ def test_llama_servers_infill_is_the_repository_layout_filled(qwen):
     got = httpx.post(url, json=body, timeout=120).json()
     stop_type = {"stop": "eos", "length": "limit"}[want.finish_reason]
     assert got["content"] == want.text and got["stop"] and got["stop_type"] == stop_type
-    assert got["tokens_evaluated"] == got["timings"]["prompt_n"] == len(ids)
+    assert got["tokens_evaluated"] == got["timings"]["prompt_n"] + got["timings"]["cache_n"] == len(ids)
     assert got["tokens_predicted"] == got["timings"]["predicted_n"] == len(want.token_ids)
     assert got["has_new_line"] == ("\n" in want.text)
     with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as r:
         events = [json.loads(line[len("data: "):]) for line in r.iter_lines() if line.startswith("data: ")]
     assert "".join(e["content"] for e in events) == want.text
     assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True] and events[-1]["stop_type"] == stop_type
-    warm = httpx.post(url, json={**body, "n_predict": 0}, timeout=120).json()
-    assert warm["content"] == "" and warm["tokens_predicted"] == 0 and warm["tokens_evaluated"] == len(ids)
+    warm = httpx.post(url, json={**body, "n_predict": 0, "input_prefix": PREFIX + "x"}, timeout=120).json()
+    assert warm["content"] == "" and warm["tokens_predicted"] == 0
+    # the request it warmed finds its prompt in the prefix cache, all but the last (partial) block
+    again = httpx.post(url, json={**body, "n_predict": 1, "input_prefix": PREFIX + "x"}, timeout=120).json()
+    n, cached = again["tokens_evaluated"], again["timings"]["cache_n"]
+    assert warm["tokens_evaluated"] == n and cached % 16 == 0 and n - 16 <= cached < n
+    assert again["timings"]["prompt_n"] == n - cached
     picked = httpx.post(url, json={**body, "n_predict": 2, "response_fields": ["content", "timings/predicted_n"]},
                         timeout=120).json()
     assert picked == {"content": want.text[:len(picked["content"])], "timings/predicted_n": 2}

@@ -31,12 +31,14 @@ def deltas() -> list[tuple[int, StreamDelta]]:
     nothing new (no text held back yet), one whose text is held back (a possible stop string), one
     whose stop string is cut from the text (its token counted, its text not), stop reasons, logprobs
     with top-2 alternatives."""
-    def d(index, ids, text, finish=None, stop=None):
+    def d(index, ids, text, finish=None, stop=None, cached=None):
         return StreamDelta(index=index, text=text, token_ids=ids, logprobs=[-0.5 * (t + 1) for t in ids],
                            top_logprobs=[{t: -0.5 * (t + 1), t + 1: -9.0} for t in ids], finish_reason=finish,
-                           stop_reason=stop)
-    return [(0, d(0, [0, 1], "ab")), (1, d(0, [2], "c")), (0, d(1, [3], "")), (0, d(1, [], "")),
-            (0, d(0, [4, 8], "e", "stop", "\n")), (1, d(1, [5, 6], "fg", "length")), (0, d(1, [7], "dh", "stop", 7)),
+                           stop_reason=stop, num_cached_tokens=cached)
+    # each sample's first delta says how much of its prompt the prefix cache held (prompt 0: 8, shared by its
+    # two samples; prompt 1: none)
+    return [(0, d(0, [0, 1], "ab", cached=8)), (1, d(0, [2], "c", cached=0)), (0, d(1, [3], "", cached=8)), (0, d(1, [], "")),
+            (0, d(0, [4, 8], "e", "stop", "\n")), (1, d(1, [5, 6], "fg", "length", cached=0)), (0, d(1, [7], "dh", "stop", 7)),
             (1, d(0, [], "", "stop"))]
 
 
@@ -56,7 +58,8 @@ def streamed(fmt, seq=None, n=2, origin_runs=None):
 def test_chat_and_completions_give_the_same_choices_from_the_same_deltas():
     comp, comp_usage = whole(CompletionChoice(token_text))
     chat, chat_usage = whole(ChatChoice(token_text))
-    assert comp_usage == chat_usage == {"prompt_tokens": 11, "completion_tokens": 9, "total_tokens": 20}
+    assert comp_usage == chat_usage == {"prompt_tokens": 11, "completion_tokens": 9, "total_tokens": 20,
+                                        "prompt_tokens_details": {"cached_tokens": 8}}
     assert [c["index"] for c in comp] == [c["index"] for c in chat] == [0, 1, 2, 3]  # prompt i's sample k: i * 2 + k
     assert [c["text"] for c in comp] == [c["message"]["content"] for c in chat] == ["abe", "dh", "c", "fg"]
     assert all(c["message"]["role"] == "assistant" for c in chat)

@@ -14,9 +14,10 @@ As llama-server: its sampling defaults (temperature 0.8, top_k 40, top_p 0.95, m
 so 1, and no min-p); n_predict -1 (the default) runs until a stop or the context's end; n_indent
 ends the middle at a line indented less (that line cut), t_max_predict_ms at the first new line past
 that time. n_predict 0 is llama.vscode's warm-up: the prompt is computed, so the next request finds
-it in the prefix cache, and nothing is returned. Not as llama-server: the "infill" sampler step (it
-merges tokens that share a prefix and weighs the end of the middle) is not run; prompt_n counts the
-whole prompt, cached tokens included; cache_prompt is ignored (prefix caching is the engine's).
+it in the prefix cache (timings.cache_n: the tokens it held; prompt_n: those computed), and nothing
+is returned. Not as llama-server: the "infill" sampler step (it merges tokens that share a prefix and
+weighs the end of the middle) is not run; cache_prompt is ignored (prefix caching is the engine's,
+in 16-token blocks where llama-server reuses a slot's common prefix token by token).
 """
 from __future__ import annotations
 
@@ -305,12 +306,14 @@ class _Reply:
         prompt_ms, predicted_ms = (first - self.t0) * 1e3, (end - first) * 1e3
         word = self.stop_reason if isinstance(self.stop_reason, str) else ""
         stop_type = "limit" if self.warm_up or self.finish == "length" else "word" if word else "eos"
+        cached = usage["prompt_tokens_details"]["cached_tokens"]  # llama-server's cache_n: its prompt_n excludes them
+        computed = self.prompt_n - cached
         obj = {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True, "model": self.model,
                "tokens_predicted": predicted, "tokens_evaluated": self.prompt_n, "has_new_line": "\n" in self.text,
                "truncated": False, "stop_type": stop_type, "stopping_word": word, "tokens_cached": self.prompt_n + predicted,
-               "timings": {"prompt_n": self.prompt_n, "prompt_ms": prompt_ms,
-                           "prompt_per_token_ms": prompt_ms / max(1, self.prompt_n),
-                           "prompt_per_second": self.prompt_n / max(1e-9, prompt_ms / 1e3),
+               "timings": {"cache_n": cached, "prompt_n": computed, "prompt_ms": prompt_ms,
+                           "prompt_per_token_ms": prompt_ms / max(1, computed),
+                           "prompt_per_second": computed / max(1e-9, prompt_ms / 1e3),
                            "predicted_n": predicted, "predicted_ms": predicted_ms,
                            "predicted_per_token_ms": predicted_ms / max(1, predicted),
                            "predicted_per_second": predicted / max(1e-9, predicted_ms / 1e3)}}
