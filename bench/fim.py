@@ -23,6 +23,8 @@ from pathlib import Path
 
 from specserve import LLM, SamplingParams
 from specserve.loading import resolve_model_path
+from specserve.loading.gguf_file import GGUFFile
+from specserve.loading.tokenizer import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from specserve_bench import peers  # noqa: E402
@@ -71,8 +73,7 @@ def run_specserve(args, ids: list[list[int]], draft: str) -> dict:
             for p in ids:
                 t0 = time.perf_counter()
                 o = llm.generate([p], params)[0].outputs[0]
-                n = len(o.token_ids)
-                rate = (n - 1) / (o.per_token_latency * (n - 1)) if n > 1 and o.per_token_latency else float("nan")
+                rate = 1 / o.per_token_latency if len(o.token_ids) > 1 and o.per_token_latency else float("nan")
                 rep.append((time.perf_counter() - t0, rate, o.text, o.token_ids))
             runs.append(rep)
         res[name] = fastest(runs)
@@ -149,11 +150,9 @@ def main():
     args.model = resolve_model_path(args.model)
     draft = resolve_model_path(args.draft_model)
     tasks = single_line_tasks(args.problems)
-    probe = LLM(args.model, kv_cache_gib=0.05)
-    ids = [probe.tokenizer.encode_infill(t["prefix"], t["suffix"]) for t in tasks]
-    stops = list(probe.tokenizer.eos_token_ids)
-    decode = probe.tokenizer.decode
-    del probe
+    tok = Tokenizer.from_gguf_fields(GGUFFile(args.model).fields, args.model)
+    ids = [tok.encode_infill(t["prefix"], t["suffix"]) for t in tasks]
+    stops, decode = list(tok.eos_token_ids), tok.decode
     systems = run_specserve(args, ids, draft)
     if not args.no_llamacpp and peers.llama_cpp_available():
         runs = peers.llama_cpp_runs(args.model, args.threads, ids * args.reps, args.max_tokens, stop_ids=stops)

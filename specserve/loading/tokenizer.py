@@ -278,12 +278,17 @@ class Tokenizer:
                 eos_ids.append(eid)
         if bos_token_id is None and "bos_token" in special:
             bos_token_id = backend.token_to_id(special["bos_token"])
+        # A code model's middle ends on FIM's pad, repo and file separators too (llama.cpp's rule; HF's
+        # generation configs name <|endoftext|> for Qwen2.5-Coder but not these).
+        fim = find_fim_tokens(backend.get_vocab(with_added_tokens=True))
+        if fim.can_infill:
+            eos_ids += [i for i in fim.ends() if i not in eos_ids]
         # A tokenizer.json whose post-processor adds BOS already does it in encode().
         add_bos = bool(cfg.get("add_bos_token", False)) and backend.post_processor is None
         template = cfg.get("chat_template")
         if isinstance(template, list):  # named templates: take the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
-        return cls(backend, eos_ids, bos_token_id, add_bos, template, special)
+        return cls(backend, eos_ids, bos_token_id, add_bos, template, special, fim)
 
     def fingerprint(self) -> str:
         """SHA-256 of the vocabulary (token -> id): two tokenizers with the same fingerprint agree on ids."""

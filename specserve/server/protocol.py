@@ -124,7 +124,8 @@ class CompletionRequest(_Common):
     fills_context: ClassVar[bool] = False
     echo: bool = False
     # fill-in-the-middle: the text after the completion; each prompt is the text before it, and a code
-    # model with FIM tokens writes what goes between (Tokenizer.encode_infill)
+    # model with FIM tokens writes what goes between (Tokenizer.encode_infill). "" is the end of a file,
+    # still a middle to fill (vLLM refuses any suffix that is not null; ollama's "" is unset)
     suffix: Optional[str] = None
     # chat parameters: not part of /v1/completions, so refused by name rather than ignored as if honoured
     tools: Optional[Any] = None

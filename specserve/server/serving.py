@@ -110,7 +110,8 @@ class Serving:
             try:
                 ids = body.prompt_ids(self.engine(body))
             except ValueError as e:  # "<field>: why"
-                raise ApiError(400, str(e), param=str(e).split(":", 1)[0]) from None
+                field = str(e).split(":", 1)[0]
+                raise ApiError(400, str(e), param=field if field in type(body).model_fields else None) from None
         if body.truncate_prompt_tokens is not None:  # the prompts as served: usage and echo count these (a bad
             # value is refused by make_params, as SamplingParams validates it)
             ids = [truncate_prompt(p, body.truncate_prompt_tokens, self.engine(body).max_model_len) for p in ids]

@@ -25,7 +25,6 @@ import dataclasses
 import time
 from typing import Any, AsyncIterator, Callable, ClassVar, Optional
 
-import pydantic
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -34,7 +33,7 @@ from ...types import StreamDelta
 from ..errors import ApiError
 from ..serving import Serving
 from .completions import CompletionChoice
-from .translated import FillingCompletion, RequestError, answer, random_seed, read_json, sse, without_nulls
+from .translated import FillingCompletion, RequestError, answer, random_seed, read_json, sse, validated, without_nulls
 
 N_BATCH = 2048  # llama-server's default batch: the FIM part is fitted into one (format_prompt_infill)
 # Room kept for the middle where the other files are cut to fit the context, whatever a request asks,
@@ -75,7 +74,6 @@ def repository_prompt(tok, prefix: str, suffix: str, prompt: str = "", files: li
     of the files' tokens the last n_ctx - n_batch - room. tok: a Tokenizer (code as plain text; the
     typed prompt with special tokens read, as llama-server reads it)."""
     fim = tok.fim
-    fim.require()
     pre, suf, said = tok.encode_text(prefix), tok.encode_text(suffix), tok.encode(prompt, add_special_tokens=False)
     extra = [fim.rep] + tok.encode_text("myproject\n") if fim.rep is not None else []
     for name, text in files:
@@ -99,9 +97,6 @@ class InfillRequest(FillingCompletion):
     typed: str = ""  # llama-server's `prompt`
 
     clamps_length: ClassVar[bool] = True  # an n_predict past the room left: to the context's end
-
-    def prompts(self) -> list[str]:
-        return [self.input_prefix]
 
     def prompt_ids(self, llm) -> list[list[int]]:
         return [repository_prompt(llm.tokenizer, self.input_prefix, self.input_suffix, self.typed, self.input_extra,
@@ -197,13 +192,9 @@ def router(s: Serving) -> APIRouter:
                 raise RequestError(400, '"prompt" must be a string')
             stops = Stops(body)
             fields, n_predict = request_fields(body, llm.max_model_len)
-            try:
-                req = InfillRequest(model=name or s.model_name, input_prefix=body["input_prefix"],
-                                    input_suffix=body["input_suffix"], input_extra=files_of(body),
-                                    typed=body.get("prompt") or "", **fields)
-            except pydantic.ValidationError as e:
-                err = e.errors()[0]
-                raise RequestError(400, f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+            req = validated(InfillRequest, model=name or s.model_name, input_prefix=body["input_prefix"],
+                            input_suffix=body["input_suffix"], input_extra=files_of(body), typed=body.get("prompt") or "",
+                            **fields)
             s.check_common(req)
             slot, ids, params = await s.admit_and_prepare(req)
         except RequestError as e:
@@ -222,18 +213,18 @@ def router(s: Serving) -> APIRouter:
 
 
 class Stops:
-    """llama-server's stops on the text, its process_token line for line (server-context.cpp), a
-    delta taken as its token (one under regular decoding; a verify step's accepted tokens together):
-    n_indent ends the middle at a line indented less than it (that line's text cut, its indentation
-    kept), checked from the token after the one that began the line; t_max_predict_ms ends it at a
-    token with a new line once that long has passed since the first token."""
+    """llama-server's stops on the text, its process_token line for line (server-context.cpp), fed
+    one token's text at a time (_Reply.timed): n_indent ends the middle at a line indented less than
+    it (that line's text cut, its indentation kept), checked from the token after the one that began
+    the first line; t_max_predict_ms ends it at a token with a new line once that long has passed
+    since the first token."""
 
     def __init__(self, body: dict):
         for key in ("n_indent", "t_max_predict_ms"):
             v = body.get(key) or 0
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise RequestError(400, f'"{key}" must be a number, got {v!r}')
-        self.n_indent, self.t_max_s = body.get("n_indent") or 0, (body.get("t_max_predict_ms") or 0) / 1e3
+            setattr(self, key, v)
         self.text, self.line, self.has_new_line = "", 0, False  # the middle so far; the line checked (0: none)
 
     def cut(self, piece: str, since_first_s: float) -> tuple[str, bool]:
@@ -253,7 +244,7 @@ class Stops:
                 self.line = nl + 1
         if "\n" in piece:
             self.has_new_line = True
-            if self.t_max_s > 0 and since_first_s > self.t_max_s:
+            if self.t_max_predict_ms > 0 and since_first_s * 1e3 > self.t_max_predict_ms:
                 return piece, True
         return piece, False
 

@@ -20,7 +20,6 @@ import json
 import time
 from typing import Any, AsyncIterator, Optional
 
-import pydantic
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -31,7 +30,7 @@ from ..protocol import ChatCompletionRequest
 from ..serving import Serving
 from .chat import ChatChoice
 from .completions import CompletionChoice
-from .translated import FillingCompletion, RequestError, answer, ndjson, random_seed, read_json, without_nulls
+from .translated import FillingCompletion, RequestError, answer, ndjson, random_seed, read_json, validated, without_nulls
 
 # ollama's options -> the OpenAI request's fields (vLLM's extras where OpenAI has none)
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
@@ -138,28 +137,25 @@ def router(s: Serving) -> APIRouter:
             if not (body.get("messages") if chat else body.get("prompt")):  # ollama's way of loading a model
                 return {"model": name, "created_at": _now(), "done": True, "done_reason": "load",
                         **({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})}
-            try:
-                if chat:
-                    messages = body["messages"]
-                    if isinstance(messages, list) and any(isinstance(m, dict) and m.get("images") for m in messages):
-                        raise RequestError(400, "images are not supported")
-                    req = ChatCompletionRequest(messages=messages, tools=body.get("tools"), **fields)
-                elif not isinstance(body["prompt"], str):
-                    raise RequestError(400, "prompt must be a string")
-                elif body.get("suffix"):  # fill in the middle (ollama's template: no system; "" is unset, as in Go)
-                    if body.get("raw"):
-                        raise RequestError(400, "raw does not take a suffix (the suffix needs the model's template)")
-                    if not isinstance(body["suffix"], str):
-                        raise RequestError(400, "suffix must be a string")
-                    req = FillingCompletion(prompt=body["prompt"], suffix=body["suffix"], **fields)
-                elif body.get("raw"):
-                    req = FillingCompletion(prompt=body["prompt"], **fields)
-                else:
-                    system = [{"role": "system", "content": body["system"]}] if body.get("system") else []
-                    req = ChatCompletionRequest(messages=system + [{"role": "user", "content": body["prompt"]}], **fields)
-            except pydantic.ValidationError as e:
-                err = e.errors()[0]
-                raise RequestError(400, f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+            if chat:
+                messages = body["messages"]
+                if isinstance(messages, list) and any(isinstance(m, dict) and m.get("images") for m in messages):
+                    raise RequestError(400, "images are not supported")
+                req = validated(ChatCompletionRequest, messages=messages, tools=body.get("tools"), **fields)
+            elif not isinstance(body["prompt"], str):
+                raise RequestError(400, "prompt must be a string")
+            elif body.get("suffix"):  # fill in the middle (ollama's template: no system; "" is unset, as in Go)
+                if body.get("raw"):
+                    raise RequestError(400, "raw does not take a suffix (the suffix needs the model's template)")
+                if not isinstance(body["suffix"], str):
+                    raise RequestError(400, "suffix must be a string")
+                req = validated(FillingCompletion, prompt=body["prompt"], suffix=body["suffix"], **fields)
+            elif body.get("raw"):
+                req = validated(FillingCompletion, prompt=body["prompt"], **fields)
+            else:
+                system = [{"role": "system", "content": body["system"]}] if body.get("system") else []
+                req = validated(ChatCompletionRequest, messages=system + [{"role": "user", "content": body["prompt"]}],
+                                **fields)
             s.check_common(req)
             slot, ids, params = await s.admit_and_prepare(req)
         except RequestError as e:

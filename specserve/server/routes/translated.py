@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Callable, Optional
 
+import pydantic
 from fastapi import Request
 
 from ..errors import ApiError
@@ -37,6 +38,15 @@ async def read_json(http: Request) -> dict:
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     return body
+
+
+def validated(cls, **fields):
+    """cls(**fields), a validation error as a RequestError naming the field."""
+    try:
+        return cls(**fields)
+    except pydantic.ValidationError as e:
+        err = e.errors()[0]
+        raise RequestError(400, f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
 
 
 def without_nulls(d: dict) -> dict:
