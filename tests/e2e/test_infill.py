@@ -165,7 +165,8 @@ def test_llama_servers_infill_is_the_repository_layout_filled(qwen):
     for bad, message in (({"input_suffix": ""}, '"input_prefix" is required'), ({**body, "input_extra": "x"}, "input_extra"),
                          ({**body, "input_extra": [{"filename": "a"}]}, '"text"'), ({**body, "n_predict": "8"}, "n_predict"),
                          ({**body, "samplers": 3}, "samplers"), ({**body, "n_indent": "4"}, "n_indent"),
-                         ({**body, "t_max_predict_ms": "500"}, "t_max_predict_ms"), ({**body, "prompt": 0}, '"prompt"')):
+                         ({**body, "t_max_predict_ms": "500"}, "t_max_predict_ms"), ({**body, "prompt": 0}, '"prompt"'),
+                         ({**body, "response_fields": "content"}, "response_fields")):
         r = httpx.post(url, json=bad, timeout=60)
         assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
 

@@ -191,6 +191,9 @@ def router(s: Serving) -> APIRouter:
             if body.get("prompt") is not None and not isinstance(body["prompt"], str):
                 raise RequestError(400, '"prompt" must be a string')
             stops = Stops(body)
+            picked = body.get("response_fields")
+            if picked is not None and not (isinstance(picked, list) and all(isinstance(p, str) for p in picked)):
+                raise RequestError(400, '"response_fields" must be an array of strings')
             fields, n_predict = request_fields(body, llm.max_model_len)
             req = validated(InfillRequest, model=name or s.model_name, input_prefix=body["input_prefix"],
                             input_suffix=body["input_suffix"], input_extra=files_of(body), typed=body.get("prompt") or "",
@@ -202,7 +205,7 @@ def router(s: Serving) -> APIRouter:
         except ApiError as e:
             return failed(e.status, e.message, e.headers)
         tok = llm.tokenizer
-        reply = _Reply(name or s.model_name, len(ids[0]), n_predict == 0, body.get("response_fields"), stops,
+        reply = _Reply(name or s.model_name, len(ids[0]), n_predict == 0, picked, stops,
                        lambda t: tok.decode([t]), t0)
         streams = [reply.timed(llm.generate(ids[0], params))]
         choices = s.new_choices(req, CompletionChoice(s.token_text(req)), 1, ids)
