@@ -94,7 +94,7 @@ def test_a_gemma_file_without_a_template_gets_gemmas_turns():
 def test_the_merge_order_is_cached_and_a_bad_cache_is_rebuilt(tmp_path, monkeypatch):
     """Gemma's 513k merges took 1.1 s a load to rebuild: the order is kept under a hash of the vocabulary,
     read back on the next load (nothing rebuilt), and rebuilt where the file is unreadable."""
-    from specserve.loading import tokenizer as tk
+    from specserve.loading import gguf_vocab as tk
     monkeypatch.setenv("SPECSERVE_CACHE_DIR", str(tmp_path))
     fields = vocab(BASE + [("ab", -5.0, NORMAL), ("bc", -6.0, NORMAL), ("abc", -7.0, NORMAL)])
     first = pieces(Tokenizer.from_gguf_fields(fields, "t.gguf"), "abcab")

@@ -33,7 +33,7 @@ from ...types import StreamDelta
 from ..errors import ApiError
 from ..serving import Serving
 from .completions import CompletionChoice
-from .translated import FillingCompletion, RequestError, answer, random_seed, read_json, sse, validated, without_nulls
+from .translated import FillingCompletion, RequestError, answer, mapped, read_json, sse, validated, without_nulls
 
 N_BATCH = 2048  # llama-server's default batch: the FIM part is fitted into one (format_prompt_infill)
 # Room kept for the middle where the other files are cut to fit the context, whatever a request asks,
@@ -106,9 +106,7 @@ class InfillRequest(FillingCompletion):
 def request_fields(body: dict, max_model_len: int) -> tuple[dict, int]:
     """(the OpenAI request's fields, n_predict) from llama-server's (a null is as if unset)."""
     body = without_nulls(body)
-    out: dict[str, Any] = {FIELDS[k]: v for k, v in {**DEFAULTS, **body}.items() if k in FIELDS}
-    if random_seed(out.get("seed")):
-        del out["seed"]
+    out: dict[str, Any] = mapped(body, FIELDS, DEFAULTS)
     samplers = body.get("samplers")
     if samplers is not None:
         if not (isinstance(samplers, str) or (isinstance(samplers, list) and all(isinstance(x, str) for x in samplers))):

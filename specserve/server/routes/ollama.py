@@ -30,7 +30,7 @@ from ..protocol import ChatCompletionRequest
 from ..serving import Serving
 from .chat import ChatChoice
 from .completions import CompletionChoice
-from .translated import FillingCompletion, RequestError, answer, ndjson, random_seed, read_json, validated, without_nulls
+from .translated import FillingCompletion, RequestError, answer, mapped, ndjson, read_json, validated, without_nulls
 
 # ollama's options -> the OpenAI request's fields (vLLM's extras where OpenAI has none)
 OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed",
@@ -49,9 +49,7 @@ def request_fields(body: dict, max_model_len: int) -> dict:
     if not isinstance(opts, dict):
         raise RequestError(400, "options must be an object")
     opts = without_nulls(opts)
-    out: dict[str, Any] = {OPTIONS[k]: v for k, v in {**DEFAULTS, **opts}.items() if k in OPTIONS}
-    if random_seed(out.get("seed")):
-        del out["seed"]
+    out: dict[str, Any] = mapped(opts, OPTIONS, DEFAULTS)
     n = opts.get("num_predict")
     if n is not None:
         if isinstance(n, bool) or not isinstance(n, (int, float)) or n != int(n):

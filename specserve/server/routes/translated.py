@@ -54,9 +54,14 @@ def without_nulls(d: dict) -> dict:
     return {k: v for k, v in d.items() if v is not None}
 
 
-def random_seed(seed) -> bool:
-    """ollama's and llama.cpp's -1 (their default): no seed."""
-    return isinstance(seed, (int, float)) and not isinstance(seed, bool) and seed < 0
+def mapped(values: dict, names: dict[str, str], defaults: dict) -> dict:
+    """The OpenAI request's fields from an API's own (names: its field -> OpenAI's), over the API's
+    defaults. A null is as if unset, and a negative seed (ollama's and llama.cpp's default, -1) is none."""
+    out = {names[k]: v for k, v in {**defaults, **without_nulls(values)}.items() if k in names}
+    seed = out.get("seed")
+    if isinstance(seed, (int, float)) and not isinstance(seed, bool) and seed < 0:
+        del out["seed"]
+    return out
 
 
 async def answer(s: Serving, http: Request, slot, req, streams, choices, line: Callable[[dict], Optional[dict]],
