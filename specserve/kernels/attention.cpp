@@ -1,6 +1,8 @@
 // Paged attention for short query spans (decode tokens, verify spans), straight from the KV blocks.
 #include "ops.h"
 
+#include <type_traits>
+
 namespace specserve {
 
 // q [T, H, D]; caches [slots, Hkv, D]; block_tables [B, max_blocks]; per sequence: first row in q,
@@ -17,6 +19,9 @@ namespace specserve {
 // p - window + 1 .. p only. A verify row and the one-token step at its position read the same keys
 // in the same order, so they still give the same bits. A tree node sits at position (context length
 // + its depth), so its window starts there; a tree must be shorter than the window.
+// The most queries (span rows x heads of a group) one work item serves: their scores rows stay in L2.
+constexpr int64_t kMaxQueries = 32;
+
 at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                            at::Tensor block_tables, at::Tensor q_starts, at::Tensor q_lens,
                            at::Tensor kv_lens, int64_t block_size, double scale,
@@ -81,112 +86,258 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
   float* op = out.data_ptr<float>();
   int64_t max_kv = 0;
   for (int64_t b = 0; b < B; ++b) max_kv = std::max(max_kv, kl[b]);
-  at::parallel_for(0, B * H, 1, [&](int64_t w0, int64_t w1) {
-    std::vector<float> scores(max_kv + 8);
-    std::vector<int64_t> span_pos(Lmax + 1);
-    for (int64_t w = w0; w < w1; ++w) {
-      const int64_t b = w / H, h = w % H, kvh = h / group;
+  // Work items: a sequence's queries of one KV head (its span's rows x the heads of the group), cut
+  // into parts of at most kMaxQueries so that there are items for every thread. The queries of an
+  // item read each key and value row once, from L1, where one item per (sequence, head) read the
+  // whole context again for every head of the group and every row of the span (a prefill chunk's 16
+  // rows x 7 heads on Qwen2.5-0.5B). Each output is still summed in the same order, whatever the item
+  // it falls in: the bits do not depend on the parts, the span or the batch.
+  struct Item { int64_t b, kvh, r0, r1; };
+  std::vector<Item> items;
+  {
+    const int64_t target = at::get_num_threads();  // items for every thread; more would read the keys again
+    int64_t pairs = 0;
+    for (int64_t b = 0; b < B; ++b) pairs += ql[b] > 0 ? Hkv : 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t R = ql[b] * group;
+      if (R == 0) continue;
+      int64_t parts = std::max((R + kMaxQueries - 1) / kMaxQueries, (target + pairs - 1) / std::max<int64_t>(pairs, 1));
+      parts = std::min(parts, R);
+      for (int64_t kvh = 0; kvh < Hkv; ++kvh)
+        for (int64_t p = 0; p < parts; ++p) items.push_back({b, kvh, p * R / parts, (p + 1) * R / parts});
+    }
+  }
+  at::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> scores, qbuf, obuf;  // per query of the item: its scores, scaled q, running output
+    std::vector<int64_t> span_pos;  // per query: the positions of the tree rows it sees
+    struct Query { int64_t t, h, n_ctx, vis, lo, nc, n; float mx, sum; };
+    std::vector<Query> qr;
+    const int64_t stride = Hkv * D, sstride = max_kv + 8;
+    // VD a constant for the head sizes of the real models (64, 128, 256): the loops over it unroll
+    // and q and the outputs stay in registers.
+    auto run = [&](auto vd, const Item it) {
+      const int64_t VD = vd;
+      const int64_t b = it.b, kvh = it.kvh, nq = it.r1 - it.r0;
       const int64_t* table = bt + b * max_blocks;
-      for (int64_t i = 0; i < ql[b]; ++i) {
-        const int64_t t = qs[b] + i;
-        const int64_t span = trees ? sl[b] : 0;
+      const int64_t span = trees ? sl[b] : 0;
+      qr.resize(nq);
+      scores.resize(nq * sstride);
+      qbuf.resize(nq * D);
+      obuf.assign(nq * D, 0.0f);
+      span_pos.resize(nq * (Lmax + 1));
+      int64_t jlo = INT64_MAX, jhi = 0;  // the context keys any query of the item sees
+      for (int64_t r = 0; r < nq; ++r) {
+        // query r of the item: row i of the span, head h of the group
+        const int64_t i = (it.r0 + r) / group, h = kvh * group + (it.r0 + r) % group, t = qs[b] + i;
         // keys this query sees: n_ctx in a row (the blocked loops below), then, in a tree, the span
         // rows its mask keeps (one by one); span_pos[e] is the e-th one's position
-        const int64_t n_ctx = span ? kl[b] - span : kl[b] - ql[b] + i + 1;
-        int64_t vis = 0;  // tree rows seen: the query's depth + 1
+        Query& x = qr[r];
+        x.t = t; x.h = h;
+        x.n_ctx = span ? kl[b] - span : kl[b] - ql[b] + i + 1;
+        x.vis = 0;  // tree rows seen: the query's depth + 1
         if (span) {
           const uint8_t* row = tm + t * Lmax;
           for (int64_t a = 0; a < span; ++a)
-            if (row[a]) span_pos[vis++] = n_ctx + a;
+            if (row[a]) span_pos[r * (Lmax + 1) + x.vis++] = x.n_ctx + a;
         }
         // the first context key in the window of a query at position n_ctx + vis - 1
-        const int64_t lo = window > 0 ? std::max<int64_t>(0, n_ctx + vis - window) : 0;
-        const int64_t nc = n_ctx - lo, n = nc + vis;  // scores: the context's in the window, then the tree's
-        // keys of block-aligned runs: from j0 to the end of its block or of the context
-        auto m_of = [&](int64_t j0) { return std::min(block_size - j0 % block_size, n_ctx - j0); };
+        x.lo = window > 0 ? std::max<int64_t>(0, x.n_ctx + x.vis - window) : 0;
+        x.nc = x.n_ctx - x.lo; x.n = x.nc + x.vis;  // scores: the context's in the window, then the tree's
+        x.mx = -INFINITY;
         const float* qv = qp + (t * H + h) * D;
-        __m256 qreg[32];
-        for (int64_t d = 0; d < VD; ++d) qreg[d] = _mm256_mul_ps(_mm256_loadu_ps(qv + 8 * d), _mm256_set1_ps(scale));
-        float mx = -INFINITY;
-        // Walk the block table block by block from the first key in the window (no division per key);
-        // scores[e] is key lo + e.
-        for (int64_t j0 = lo, blk = lo / block_size; j0 < n_ctx; j0 += m_of(j0), ++blk) {
-          const int64_t off = j0 - blk * block_size;
-          const float* kblock = kp + ((table[blk] * block_size + off) * Hkv + kvh) * D;
-          const int64_t m = m_of(j0);
-          const int64_t stride = Hkv * D;
-          int64_t o = 0;
-          // Four keys at a time: one key's dot product is a chain of dependent FMAs, so a lone key
-          // waits on latency; four independent chains fill the pipes. Each score is still summed in
-          // the same order as one key alone (same bits).
-          for (; o + 4 <= m; o += 4) {
-            const float* k0 = kblock + o * stride;
-            __m256 a0 = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(k0));
-            __m256 a1 = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(k0 + stride));
-            __m256 a2 = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(k0 + 2 * stride));
-            __m256 a3 = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(k0 + 3 * stride));
-            for (int64_t d = 1; d < VD; ++d) {
-              a0 = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(k0 + 8 * d), a0);
-              a1 = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(k0 + stride + 8 * d), a1);
-              a2 = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(k0 + 2 * stride + 8 * d), a2);
-              a3 = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(k0 + 3 * stride + 8 * d), a3);
-            }
-            float* sc = scores.data() + j0 - lo + o;
-            sc[0] = hsum(a0); sc[1] = hsum(a1); sc[2] = hsum(a2); sc[3] = hsum(a3);
-            mx = std::max(mx, std::max(std::max(sc[0], sc[1]), std::max(sc[2], sc[3])));
+        for (int64_t d = 0; d < VD; ++d)
+          _mm256_storeu_ps(&qbuf[r * D + 8 * d], _mm256_mul_ps(_mm256_loadu_ps(qv + 8 * d), _mm256_set1_ps(scale)));
+        jlo = std::min(jlo, x.lo);
+        jhi = std::max(jhi, x.n_ctx);
+      }
+      // Query r's scores of the context keys [a, e) of the run that starts at key j0 (its rows at
+      // kblock): sc[j - lo] is key j's. Four keys at a time: one key's dot product is a chain of
+      // dependent FMAs, so a lone key waits on latency; independent chains fill the pipes. Each score
+      // is still summed in the same order as one key alone (same bits).
+      auto score_one = [&](int64_t r, const float* kblock, int64_t j0, int64_t a, int64_t e) {
+        Query& x = qr[r];
+        const float* qv = &qbuf[r * D];
+        float* sc = scores.data() + r * sstride + (a - x.lo);  // sc[j - a]: key j's score
+        float mx = x.mx;
+        int64_t j = a;
+        for (; j + 4 <= e; j += 4) {
+          const float* k0 = kblock + (j - j0) * stride;
+          const __m256 q0 = _mm256_loadu_ps(qv);
+          __m256 a0 = _mm256_mul_ps(q0, _mm256_loadu_ps(k0));
+          __m256 a1 = _mm256_mul_ps(q0, _mm256_loadu_ps(k0 + stride));
+          __m256 a2 = _mm256_mul_ps(q0, _mm256_loadu_ps(k0 + 2 * stride));
+          __m256 a3 = _mm256_mul_ps(q0, _mm256_loadu_ps(k0 + 3 * stride));
+          for (int64_t d = 1; d < VD; ++d) {
+            const __m256 qd = _mm256_loadu_ps(qv + 8 * d);
+            a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + 8 * d), a0);
+            a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + stride + 8 * d), a1);
+            a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + 2 * stride + 8 * d), a2);
+            a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + 3 * stride + 8 * d), a3);
           }
-          for (; o < m; ++o) {
-            const float* kv = kblock + o * stride;
-            __m256 acc = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(kv));
-            for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(kv + 8 * d), acc);
-            scores[j0 - lo + o] = hsum(acc);
-            mx = std::max(mx, scores[j0 - lo + o]);
-          }
+          float* s4 = sc + (j - a);
+          s4[0] = hsum(a0); s4[1] = hsum(a1); s4[2] = hsum(a2); s4[3] = hsum(a3);
+          mx = std::max(mx, std::max(std::max(s4[0], s4[1]), std::max(s4[2], s4[3])));
         }
-        for (int64_t e = nc; e < n; ++e) {  // a tree's visible span rows, one by one
-          const int64_t pos = span_pos[e - nc];
+        for (; j < e; ++j) {
+          const float* kv = kblock + (j - j0) * stride;
+          __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qv), _mm256_loadu_ps(kv));
+          for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + 8 * d), _mm256_loadu_ps(kv + 8 * d), acc);
+          sc[j - a] = hsum(acc);
+          mx = std::max(mx, sc[j - a]);
+        }
+        x.mx = mx;
+      };
+      // Queries r and r + 1 over the same keys [a, e): eight chains (two queries x four keys), each
+      // key row loaded once for both.
+      auto score_two = [&](int64_t r, const float* kblock, int64_t j0, int64_t a, int64_t e) {
+        Query &x = qr[r], &y = qr[r + 1];
+        const float *qv = &qbuf[r * D], *qw = qv + D;
+        float* sc = scores.data() + r * sstride + (a - x.lo);
+        float* sd = scores.data() + (r + 1) * sstride + (a - y.lo);
+        float mx = x.mx, my = y.mx;
+        int64_t j = a;
+        for (; j + 4 <= e; j += 4) {
+          const float* k0 = kblock + (j - j0) * stride;
+          __m256 k = _mm256_loadu_ps(k0);
+          const __m256 q0 = _mm256_loadu_ps(qv), w0 = _mm256_loadu_ps(qw);
+          __m256 a0 = _mm256_mul_ps(q0, k), b0 = _mm256_mul_ps(w0, k);
+          k = _mm256_loadu_ps(k0 + stride);
+          __m256 a1 = _mm256_mul_ps(q0, k), b1 = _mm256_mul_ps(w0, k);
+          k = _mm256_loadu_ps(k0 + 2 * stride);
+          __m256 a2 = _mm256_mul_ps(q0, k), b2 = _mm256_mul_ps(w0, k);
+          k = _mm256_loadu_ps(k0 + 3 * stride);
+          __m256 a3 = _mm256_mul_ps(q0, k), b3 = _mm256_mul_ps(w0, k);
+          for (int64_t d = 1; d < VD; ++d) {
+            const __m256 qd = _mm256_loadu_ps(qv + 8 * d), wd = _mm256_loadu_ps(qw + 8 * d);
+            k = _mm256_loadu_ps(k0 + 8 * d);
+            a0 = _mm256_fmadd_ps(qd, k, a0); b0 = _mm256_fmadd_ps(wd, k, b0);
+            k = _mm256_loadu_ps(k0 + stride + 8 * d);
+            a1 = _mm256_fmadd_ps(qd, k, a1); b1 = _mm256_fmadd_ps(wd, k, b1);
+            k = _mm256_loadu_ps(k0 + 2 * stride + 8 * d);
+            a2 = _mm256_fmadd_ps(qd, k, a2); b2 = _mm256_fmadd_ps(wd, k, b2);
+            k = _mm256_loadu_ps(k0 + 3 * stride + 8 * d);
+            a3 = _mm256_fmadd_ps(qd, k, a3); b3 = _mm256_fmadd_ps(wd, k, b3);
+          }
+          float *s4 = sc + (j - a), *t4 = sd + (j - a);
+          s4[0] = hsum(a0); s4[1] = hsum(a1); s4[2] = hsum(a2); s4[3] = hsum(a3);
+          t4[0] = hsum(b0); t4[1] = hsum(b1); t4[2] = hsum(b2); t4[3] = hsum(b3);
+          mx = std::max(mx, std::max(std::max(s4[0], s4[1]), std::max(s4[2], s4[3])));
+          my = std::max(my, std::max(std::max(t4[0], t4[1]), std::max(t4[2], t4[3])));
+        }
+        x.mx = mx; y.mx = my;
+        score_one(r, kblock, j0, j, e);
+        score_one(r + 1, kblock, j0, j, e);
+      };
+      // Walk the block table block by block over the item's keys (no division per key): each run of
+      // a block's keys is scored by every query that sees them while the run is in L1.
+      auto m_of = [&](int64_t j0) { return std::min(block_size - j0 % block_size, jhi - j0); };
+      // The next block lies anywhere in the cache, where the hardware prefetcher does not follow: its
+      // rows are asked for while this block's are worked on (decode steps read the context from DRAM).
+      auto prefetch_run = [&](const float* rows, int64_t m) {
+        for (int64_t u = 0; u < m; ++u)
+          for (int64_t c = 0; c < D; c += 16) _mm_prefetch(reinterpret_cast<const char*>(rows + u * stride + c), _MM_HINT_T0);
+      };
+      for (int64_t j0 = jlo, blk = jlo / block_size; j0 < jhi; j0 += m_of(j0), ++blk) {
+        const float* kblock = kp + ((table[blk] * block_size + j0 - blk * block_size) * Hkv + kvh) * D;
+        const int64_t j1 = j0 + m_of(j0);
+        if (j1 < jhi) prefetch_run(kp + (table[blk + 1] * block_size * Hkv + kvh) * D, m_of(j1));
+        for (int64_t r = 0; r < nq;) {
+          const int64_t a = std::max(j0, qr[r].lo), e = std::min(j1, qr[r].n_ctx);
+          if (r + 1 == nq) {
+            if (a < e) score_one(r, kblock, j0, a, e);
+            break;
+          }
+          // the keys both see in pairs; a window's or a causal span's edge one by one
+          const int64_t a2 = std::max(j0, qr[r + 1].lo), e2 = std::min(j1, qr[r + 1].n_ctx);
+          const int64_t ca = std::max(a, a2), ce = std::min(e, e2);
+          if (ca < ce) {
+            if (a < ca) score_one(r, kblock, j0, a, ca);
+            if (a2 < ca) score_one(r + 1, kblock, j0, a2, ca);
+            score_two(r, kblock, j0, ca, ce);
+            if (ce < e) score_one(r, kblock, j0, ce, e);
+            if (ce < e2) score_one(r + 1, kblock, j0, ce, e2);
+          } else {
+            if (a < e) score_one(r, kblock, j0, a, e);
+            if (a2 < e2) score_one(r + 1, kblock, j0, a2, e2);
+          }
+          r += 2;
+        }
+      }
+      for (int64_t r = 0; r < nq; ++r) {
+        Query& x = qr[r];
+        float* sr = &scores[r * sstride];
+        const float* qv = &qbuf[r * D];
+        for (int64_t e = x.nc; e < x.n; ++e) {  // a tree's visible span rows, one by one
+          const int64_t pos = span_pos[r * (Lmax + 1) + e - x.nc];
           const float* kv = kp + ((table[pos / block_size] * block_size + pos % block_size) * Hkv + kvh) * D;
-          __m256 acc = _mm256_mul_ps(qreg[0], _mm256_loadu_ps(kv));
-          for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(qreg[d], _mm256_loadu_ps(kv + 8 * d), acc);
-          scores[e] = hsum(acc);
-          mx = std::max(mx, scores[e]);
+          __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qv), _mm256_loadu_ps(kv));
+          for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + 8 * d), _mm256_loadu_ps(kv + 8 * d), acc);
+          sr[e] = hsum(acc);
+          x.mx = std::max(x.mx, sr[e]);
         }
-        const __m256 vmx = _mm256_set1_ps(mx);
+        const int64_t n = x.n;
+        const __m256 vmx = _mm256_set1_ps(x.mx);
         __m256 vsum = _mm256_setzero_ps();
         int64_t j = 0;
         for (; j + 8 <= n; j += 8) {
-          __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores.data() + j), vmx));
-          _mm256_storeu_ps(scores.data() + j, e);
+          __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sr + j), vmx));
+          _mm256_storeu_ps(sr + j, e);
           vsum = _mm256_add_ps(vsum, e);
         }
         float sum = hsum(vsum);
         if (j < n) {  // the tail, padded with -inf so exp gives 0
           float tail[8];
-          for (int64_t u = 0; u < 8; ++u) tail[u] = j + u < n ? scores[j + u] - mx : -INFINITY;
+          for (int64_t u = 0; u < 8; ++u) tail[u] = j + u < n ? sr[j + u] - x.mx : -INFINITY;
           __m256 e = exp256(_mm256_loadu_ps(tail));
           _mm256_storeu_ps(tail, e);
-          for (int64_t u = 0; j + u < n; ++u) { scores[j + u] = tail[u]; sum += tail[u]; }
+          for (int64_t u = 0; j + u < n; ++u) { sr[j + u] = tail[u]; sum += tail[u]; }
         }
-        __m256 o[32];
-        for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_setzero_ps();
-        for (int64_t j0 = lo, blk = lo / block_size; j0 < n_ctx; j0 += m_of(j0), ++blk) {
-          const float* vblock = vp + ((table[blk] * block_size + j0 - blk * block_size) * Hkv + kvh) * D;
-          const int64_t m = m_of(j0);
-          for (int64_t u = 0; u < m; ++u) {
-            const float* vv = vblock + u * Hkv * D;
-            const __m256 p = _mm256_set1_ps(scores[j0 - lo + u]);
+        x.sum = sum;
+      }
+      // The values, in the same runs: each query's output gathers its keys in position order.
+      for (int64_t j0 = jlo, blk = jlo / block_size; j0 < jhi; j0 += m_of(j0), ++blk) {
+        const float* vblock = vp + ((table[blk] * block_size + j0 - blk * block_size) * Hkv + kvh) * D;
+        const int64_t j1 = j0 + m_of(j0);
+        if (j1 < jhi) prefetch_run(vp + (table[blk + 1] * block_size * Hkv + kvh) * D, m_of(j1));
+        for (int64_t r = 0; r < nq; ++r) {
+          const Query& x = qr[r];
+          const int64_t a = std::max(j0, x.lo), e = std::min(j1, x.n_ctx);
+          if (a >= e) continue;
+          const float* pr = scores.data() + r * sstride;  // pr[u - lo]: key u's weight
+          float* orow = &obuf[r * D];
+          __m256 o[32];
+          for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_loadu_ps(orow + 8 * d);
+          for (int64_t u = a; u < e; ++u) {
+            const float* vv = vblock + (u - j0) * stride;
+            const __m256 p = _mm256_set1_ps(pr[u - x.lo]);
             for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vv + 8 * d), o[d]);
           }
+          for (int64_t d = 0; d < VD; ++d) _mm256_storeu_ps(orow + 8 * d, o[d]);
         }
-        for (int64_t e = nc; e < n; ++e) {
-          const int64_t pos = span_pos[e - nc];
+      }
+      for (int64_t r = 0; r < nq; ++r) {
+        const Query& x = qr[r];
+        const float* sr = &scores[r * sstride];
+        float* orow = &obuf[r * D];
+        __m256 o[32];
+        for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_loadu_ps(orow + 8 * d);
+        for (int64_t e = x.nc; e < x.n; ++e) {
+          const int64_t pos = span_pos[r * (Lmax + 1) + e - x.nc];
           const float* vv = vp + ((table[pos / block_size] * block_size + pos % block_size) * Hkv + kvh) * D;
-          const __m256 p = _mm256_set1_ps(scores[e]);
+          const __m256 p = _mm256_set1_ps(sr[e]);
           for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vv + 8 * d), o[d]);
         }
-        const __m256 inv = _mm256_set1_ps(1.0f / sum);
-        float* ov = op + (t * H + h) * D;
+        const __m256 inv = _mm256_set1_ps(1.0f / x.sum);
+        float* ov = op + (x.t * H + x.h) * D;
         for (int64_t d = 0; d < VD; ++d) _mm256_storeu_ps(ov + 8 * d, _mm256_mul_ps(o[d], inv));
+      }
+    };
+    for (int64_t w = w0; w < w1; ++w) {
+      switch (D) {
+        case 64: run(std::integral_constant<int64_t, 8>{}, items[w]); break;
+        case 128: run(std::integral_constant<int64_t, 16>{}, items[w]); break;
+        case 256: run(std::integral_constant<int64_t, 32>{}, items[w]); break;
+        default: run(D / 8, items[w]);
       }
     }
   });

@@ -148,3 +148,37 @@ def test_bad_tree_spans_are_refused():
         AttentionMetadata.build([3], [9], [[0, 1, 2]], BS, torch.device("cpu"), span_parents=[[-1, 0, 2]])
     with pytest.raises(ValueError, match="span_parents"):  # fewer tree rows than queries
         AttentionMetadata.build([3], [9], [[0, 1, 2]], BS, torch.device("cpu"), span_parents=[[-1, 0]])
+
+
+@pytest.mark.parametrize("window", [0, 100])
+def test_a_rows_bits_do_not_depend_on_its_span_the_batch_or_the_threads(window):
+    """The kernel serves a sequence's queries of one KV head together (a span's rows x the heads of the
+    group, cut into parts by the thread count): each row must still get the bits of the one-token step
+    at its position, in a batch or alone, on one thread or two (a verify pass then gives regular
+    decoding's tokens, and a prompt's KV does not depend on its chunking). Qwen2.5-0.5B's heads."""
+    if not kernels.available():
+        pytest.skip("no block kernels")
+    h, hkv, d, bs, kv = 14, 2, 64, 16, 300
+    g = torch.Generator().manual_seed(3)
+    k_cache, v_cache = torch.randn(40 * bs, hkv, d, generator=g), torch.randn(40 * bs, hkv, d, generator=g)
+    q = torch.randn(16 + 1, h, d, generator=g)
+    tables = [list(range(19, -1, -1)), list(range(20, 40))]  # 300 keys in 19 blocks, backwards; 20 more
+    ext, ids = kernels.ext(), lambda *x: torch.tensor(x, dtype=torch.long)
+
+    def attend(rows, q_lens, kv_lens, tabs):
+        starts = ids(*[sum(q_lens[:i]) for i in range(len(q_lens))])
+        return ext.paged_attention(q[rows].contiguous(), k_cache, v_cache, torch.tensor(tabs), starts, ids(*q_lens),
+                                   ids(*kv_lens), bs, d ** -0.5, None, None, window)
+
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append(attend(list(range(17)), [16, 1], [kv, 250], tables))  # a prompt chunk beside a decode row
+            assert torch.equal(attend(list(range(16)), [16], [kv], tables[:1]), outs[-1][:16])
+            for i in (0, 7, 15):  # the span's rows as one-token steps at their positions
+                assert torch.equal(attend([i], [1], [kv - 15 + i], tables[:1]), outs[-1][i:i + 1])
+        assert torch.equal(outs[0], outs[1])
+    finally:
+        torch.set_num_threads(threads)

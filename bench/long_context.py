@@ -1,0 +1,98 @@
+"""Long prompts: time to first token and the decode step after a prompt of N tokens, side by side in
+one run on the same GGUF and the same ids (real text: the Python standard library's inspect.py):
+specserve (its automatic prefill chunk, prefix caching off) and llama.cpp (its own batching, in a child
+process, without extra buffer types where those crash). Attention's share of a step grows with the
+context, so this is where the paged attention kernel shows (docs/decisions.md#grouped-attention).
+
+    python bench/long_context.py [--model qwen2.5-coder-0.5b] [--activations int8] [--contexts 256,2048,6144]
+                                 [--decode 32]
+
+Writes bench/results/long-context-<time>.md / .json / .png.
+"""
+import argparse
+import inspect
+import sys
+from pathlib import Path
+
+import torch
+
+from specserve import LLM, SamplingParams
+from specserve.loading import resolve_model_path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from specserve_bench import peers  # noqa: E402
+from specserve_bench.machine import cpu  # noqa: E402
+from specserve_bench.output import write_results  # noqa: E402
+
+
+def markdown(r: dict) -> str:
+    c = r["cpu"]
+    lines = [f"# Long prompts: {Path(r['model']).name}, {r['activations']} activations", "",
+             f"CPU: {c['cpu']} ({', '.join(c['flags'])}), {r['threads']} threads; greedy, {r['decode']} tokens "
+             f"decoded after each prompt; specserve's prefill chunk {r['prefill_chunk']}.", "",
+             "| prompt tokens | specserve TTFT s | llama.cpp TTFT s | TTFT speed vs llama.cpp | specserve decode ms/token "
+             "| llama.cpp decode ms/token | decode speed vs llama.cpp |", "|---|---|---|---|---|---|---|"]
+    for n, s in r["specserve"].items():
+        lc = r.get("llama.cpp", {}).get(n)
+        ratio = (lambda a, b: f"{a / b:.2f}x") if lc else (lambda a, b: "-")
+        lines.append(f"| {n} | {s['ttft_s']:.2f} | {lc['ttft_s'] if lc else float('nan'):.2f} | "
+                     f"{ratio(lc['ttft_s'] if lc else 1, s['ttft_s'])} | {s['decode_ms']:.1f} | "
+                     f"{lc['decode_ms'] if lc else float('nan'):.1f} | {ratio(lc['decode_ms'] if lc else 1, s['decode_ms'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(r: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name in ("specserve", "llama.cpp"):
+        if name not in r:
+            continue
+        ns = [int(n) for n in r[name]]
+        axes[0].plot(ns, [v["ttft_s"] for v in r[name].values()], marker="o", label=name)
+        axes[1].plot(ns, [v["decode_ms"] for v in r[name].values()], marker="o", label=name)
+    for ax, title in zip(axes, ("time to first token (s)", "decode step after the prompt (ms)")):
+        ax.set_xlabel("prompt tokens")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{Path(r['model']).name}, {r['activations']} activations, {r['cpu']['cpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--activations", default="int8", choices=("fp32", "int8"))
+    ap.add_argument("--contexts", default="256,2048,6144")
+    ap.add_argument("--decode", type=int, default=32, help="tokens decoded after each prompt")
+    ap.add_argument("--kv-cache-gib", type=float, default=2.0)
+    args = ap.parse_args()
+    path = resolve_model_path(args.model)
+    contexts = [int(n) for n in args.contexts.split(",")]
+    threads = torch.get_num_threads()
+    llm = LLM(path, activations=args.activations, enable_prefix_caching=False, kv_cache_gib=args.kv_cache_gib)
+    text = Path(inspect.__file__).read_text()
+    ids = llm.tokenizer.encode(text * (1 + 4 * max(contexts) // len(text)), add_special_tokens=False)
+    assert len(ids) >= max(contexts), "the text is shorter than the longest context"
+    sp = SamplingParams(temperature=0, max_tokens=args.decode + 1, ignore_eos=True)
+    llm.generate([ids[:64]], sp)  # warm-up
+    result = {"model": path, "activations": args.activations, "threads": threads, "cpu": cpu(), "decode": args.decode,
+              "prefill_chunk": llm.engine.prefill_chunk, "specserve": {}}
+    for n in contexts:
+        m = llm.generate([ids[:n]], sp)[0].metrics
+        result["specserve"][n] = {"ttft_s": m["time_to_first_token"], "decode_ms": m["per_token_latency"] * 1e3}
+        print(f"specserve {n}: {result['specserve'][n]}", flush=True)
+    del llm
+    if peers.llama_cpp_available():
+        runs = peers.llama_cpp_runs(path, threads, [ids[:n] for n in contexts], args.decode + 1)
+        if runs is not None:
+            result["llama.cpp"] = {n: {"ttft_s": v["ttft_s"], "decode_ms": v["decode_ms_per_step"]}
+                                   for n, v in zip(contexts, runs)}
+    write_results(result, str(Path(__file__).parent / "results"), "long-context", markdown, plot)
+
+
+if __name__ == "__main__":  # llama.cpp runs in a spawned child, which imports this file
+    main()
