@@ -5,7 +5,7 @@ process, without extra buffer types where those crash). Attention's share of a s
 context, so this is where the paged attention kernel shows (docs/decisions.md#grouped-attention).
 
     python bench/long_context.py [--model qwen2.5-coder-0.5b] [--activations int8] [--contexts 256,2048,6144]
-                                 [--decode 32]
+                                 [--decode 32] [--kv-cache-gib 2]
 
 Writes bench/results/long-context-<time>.md / .json / .png.
 """
@@ -34,10 +34,12 @@ def markdown(r: dict) -> str:
              "| llama.cpp decode ms/token | decode speed vs llama.cpp |", "|---|---|---|---|---|---|---|"]
     for n, s in r["specserve"].items():
         lc = r.get("llama.cpp", {}).get(n)
-        ratio = (lambda a, b: f"{a / b:.2f}x") if lc else (lambda a, b: "-")
-        lines.append(f"| {n} | {s['ttft_s']:.2f} | {lc['ttft_s'] if lc else float('nan'):.2f} | "
-                     f"{ratio(lc['ttft_s'] if lc else 1, s['ttft_s'])} | {s['decode_ms']:.1f} | "
-                     f"{lc['decode_ms'] if lc else float('nan'):.1f} | {ratio(lc['decode_ms'] if lc else 1, s['decode_ms'])} |")
+        if lc:
+            peer = (f"{lc['ttft_s']:.2f} | {lc['ttft_s'] / s['ttft_s']:.2f}x", f"{lc['decode_ms']:.1f} | "
+                    f"{lc['decode_ms'] / s['decode_ms']:.2f}x")
+        else:
+            peer = ("- | -", "- | -")
+        lines.append(f"| {n} | {s['ttft_s']:.2f} | {peer[0]} | {s['decode_ms']:.1f} | {peer[1]} |")
     return "\n".join(lines) + "\n"
 
 

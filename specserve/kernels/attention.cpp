@@ -1,4 +1,5 @@
-// Paged attention for short query spans (decode tokens, verify spans), straight from the KV blocks.
+// Paged attention for short query spans (decode tokens, verify spans, prefill chunks of up to 16
+// rows), straight from the KV blocks.
 #include "ops.h"
 
 #include <type_traits>
@@ -19,7 +20,7 @@ namespace specserve {
 // p - window + 1 .. p only. A verify row and the one-token step at its position read the same keys
 // in the same order, so they still give the same bits. A tree node sits at position (context length
 // + its depth), so its window starts there; a tree must be shorter than the window.
-// The most queries (span rows x heads of a group) one work item serves: their scores rows stay in L2.
+// The most queries (span rows x heads of a group) one work item serves (each keeps a row of scores).
 constexpr int64_t kMaxQueries = 32;
 
 at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
@@ -41,7 +42,7 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
     TORCH_CHECK(t->dtype() == at::kLong && t->is_contiguous() && t->device().is_cpu(), "paged_attention: index tensors must be int64 CPU");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && q_starts.numel() == B && kv_lens.numel() == B,
               "paged_attention: one table, start and length per sequence");
-  const int64_t group = H / Hkv, max_blocks = block_tables.size(1), VD = D / 8;
+  const int64_t group = H / Hkv, max_blocks = block_tables.size(1);
   TORCH_CHECK(span_lens.has_value() == tree_mask.has_value(), "paged_attention: span_lens and tree_mask go together");
   const bool trees = span_lens.has_value();
   TORCH_CHECK(window >= 0, "paged_attention: window must be >= 0");
@@ -113,8 +114,7 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
     struct Query { int64_t t, h, n_ctx, vis, lo, nc, n; float mx, sum; };
     std::vector<Query> qr;
     const int64_t stride = Hkv * D, sstride = max_kv + 8;
-    // VD a constant for the head sizes of the real models (64, 128, 256): the loops over it unroll
-    // and q and the outputs stay in registers.
+    // VD (D / 8) a constant for the head sizes of the real models (64, 128, 256): the loops over it unroll.
     auto run = [&](auto vd, const Item it) {
       const int64_t VD = vd;
       const int64_t b = it.b, kvh = it.kvh, nq = it.r1 - it.r0;

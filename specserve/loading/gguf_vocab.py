@@ -19,7 +19,6 @@ from tokenizers import Tokenizer as HFTokenizer
 from .infill import FimTokens
 
 # Pre-tokenizer regexes by GGUF `tokenizer.ggml.pre` (as in llama.cpp's llama-vocab.cpp).
-_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
