@@ -5,7 +5,8 @@ verify) and attends causally to its kv_len cached tokens (the new ones included)
 written into their slots first. Two ways to serve a ragged batch (BASS, Qian et al. 2024):
   * SPLIT (mode "split", default): attention per sequence, no padding. On the fp32 CPU path with
     short spans (decode, verification) a C++ kernel reads keys and values straight from the blocks,
-    one work item per (sequence, head); elsewhere one SDPA call per sequence.
+    one work item per (sequence, KV head) serving the span's rows x the group's heads, so each key
+    row is read once; elsewhere one SDPA call per sequence.
   * PAD (mode "pad"): every sequence's keys are gathered into one padded [B, Lmax] batch (queries
     padded to the longest span) and a single SDPA call serves the whole batch, padding masked out.
 Prefill-sized spans always take the padded path (one big batched product beats per-sequence calls).
