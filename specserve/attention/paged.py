@@ -210,8 +210,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int = 0) -> torch.Tensor:
     """q [T, H, D], k/v [T, Hkv, D] for the new tokens; k_cache/v_cache [slots, Hkv, D] of this layer;
     window > 0: each query sees its last `window` positions only. Returns [T, H, D]."""
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
+    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))  # an f16 cache: rounded once, here
+    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
     return _attend(q, k_cache, v_cache, meta, scale, window)
 
 
@@ -238,8 +238,8 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta:
     gather, mask, pad_index, unpad_index = meta.sdpa_fields(window)
     B, qmax = meta.num_seqs, meta.max_q_len
     slots = gather.view(-1)
-    keys = k_cache.index_select(0, slots).view(B, -1, *k_cache.shape[1:]).transpose(1, 2)  # [B, Hkv, Lmax, D]
-    values = v_cache.index_select(0, slots).view(B, -1, *v_cache.shape[1:]).transpose(1, 2)
+    keys = k_cache.index_select(0, slots).view(B, -1, *k_cache.shape[1:]).transpose(1, 2).to(q.dtype)  # [B, Hkv, Lmax, D]
+    values = v_cache.index_select(0, slots).view(B, -1, *v_cache.shape[1:]).transpose(1, 2).to(q.dtype)
     if pad_index is None:
         qp = q.view(B, qmax, H, D).transpose(1, 2)  # [B, H, qmax, D]
     else:
@@ -258,8 +258,8 @@ def _split_sdpa(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, wind
     for ql, kl, table, par in zip(meta.q_lens, meta.kv_lens, meta.block_tables, trees):
         blocks = torch.tensor(table[:-(-kl // bs)], dtype=torch.long, device=q.device)
         slots = (blocks[:, None] * bs + torch.arange(bs, device=q.device)).reshape(-1)[:kl]
-        keys = k_cache.index_select(0, slots).transpose(0, 1)[None]  # [1, Hkv, kl, D]
-        values = v_cache.index_select(0, slots).transpose(0, 1)[None]
+        keys = k_cache.index_select(0, slots).transpose(0, 1)[None].to(q.dtype)  # [1, Hkv, kl, D]
+        values = v_cache.index_select(0, slots).transpose(0, 1)[None].to(q.dtype)
         qs = q[start:start + ql].transpose(0, 1)[None]  # [1, H, ql, D]
         mask = None
         if ql > 1 or par is not None or 0 < window < kl:  # query i sits at position kl - ql + i

@@ -76,6 +76,9 @@ class DrafterContext:
     # (block table, n) -> the target's last hidden states at positions 0 .. n - 1 [n, hidden], kept
     # beside the KV for prefix-cache hits (KVCache.read_features); None where they are not kept
     prefix_features: Optional[Callable[[list[int], int], Optional[torch.Tensor]]] = None
+    # the KV cache type asked for (--kv-cache-dtype): a drafter's own cache takes it too; None (auto):
+    # the drafter's own choice (a draft model's dtype, EAGLE's float32)
+    kv_dtype: Optional[torch.dtype] = None
 
 
 class Drafter:

@@ -61,7 +61,7 @@ def load_model_drafter(path: str, ctx: DrafterContext, vocab: int = 0, quant: st
         from .vocab import frequent_vocab
         vocab_ids = frequent_vocab(ctx.tokenizer, vocab).to(target.device)
     if os.path.realpath(path) == os.path.realpath(ctx.target_path):
-        return DraftModelDrafter(target, ctx.num_blocks, ctx.block_size, ctx.attention, vocab_ids)
+        return DraftModelDrafter(target, ctx.num_blocks, ctx.block_size, ctx.attention, vocab_ids, ctx.kv_dtype)
     _, arch, weights, draft_tok = load_model_files(path, keep_quantized=True)
     if quant != "none":
         from ..loading.weights import requantize_weights
@@ -71,7 +71,7 @@ def load_model_drafter(path: str, ctx: DrafterContext, vocab: int = 0, quant: st
                          f"target's ({target.arch.vocab_size} tokens); a draft must share the target's tokenizer")
     model = build_model(arch, weights, target.dtype, target.device, use_blocks=getattr(target, "use_blocks", True),
                         max_len=target.max_len, activations=target.activations)
-    return DraftModelDrafter(model, ctx.num_blocks, ctx.block_size, ctx.attention, vocab_ids)
+    return DraftModelDrafter(model, ctx.num_blocks, ctx.block_size, ctx.attention, vocab_ids, ctx.kv_dtype)
 
 
 def _is_eagle(path: str) -> bool:
@@ -95,11 +95,11 @@ class DraftModelDrafter(Drafter):
     makes_trees = True
 
     def __init__(self, model, num_blocks: int, block_size: int, attention: str = "split",
-                 vocab_ids: Optional[torch.Tensor] = None):
+                 vocab_ids: Optional[torch.Tensor] = None, kv_dtype: Optional[torch.dtype] = None):
         self.model = model
         a = model.arch
         self.kv = DraftKV(a.num_hidden_layers, num_blocks, block_size, a.num_key_value_heads, a.head_dim,
-                          model.dtype, model.device)
+                          kv_dtype or model.dtype, model.device)
         # a reduced vocabulary (drafters/vocab.py): the head's rows [V'], and the picker maps them back
         self.vocab_ids = vocab_ids
         self.head_rows = None if vocab_ids is None else model.head_rows(vocab_ids)

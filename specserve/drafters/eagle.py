@@ -34,16 +34,17 @@ class EagleDrafter(Drafter):
     chain_graphs = None
 
     def __init__(self, net: EagleNet, target, num_blocks: int, block_size: int, attention: str = "split",
-                 prefix_features=None):
+                 prefix_features=None, kv_dtype: Optional[torch.dtype] = None):
         """target: the serving model as models.TargetView (its embeddings, final norm, LM head rows and
-        RoPE are shared); prefix_features: DrafterContext's (the features of a prefix-cache hit)."""
+        RoPE are shared); prefix_features, kv_dtype: DrafterContext's (the features of a prefix-cache
+        hit; the cache type asked for, None: float32)."""
         cfg = net.cfg
         dev = target.device
         self.target = target
         self.vocab_ids = torch.tensor(cfg.vocab_ids, dtype=torch.long, device=dev)
         self.net = EagleServing(net, dev, use_blocks=target.blocked_head)
         self.head = target.head_rows(self.vocab_ids)  # [B, hidden] -> [B, V_draft] float32
-        self.kv = DraftKV(1, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, torch.float32, dev)
+        self.kv = DraftKV(1, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, kv_dtype or torch.float32, dev)
         self.picker = DraftPicker(target.arch.vocab_size, dev, self.vocab_ids)
         self.pending: dict[str, list[torch.Tensor]] = {}  # target features not yet fed to the draft
         self.num_pending: dict[str, int] = {}  # their rows (kept as a count: observe runs every step)
@@ -60,7 +61,7 @@ class EagleDrafter(Drafter):
                              f"({cfg.target_vocab_size} tokens) than the target's ({arch.vocab_size} tokens)")
         if cfg.hidden_size != arch.hidden_size:
             raise ValueError(f"{path}: draft hidden size {cfg.hidden_size} does not match the target's {arch.hidden_size}")
-        return cls(net, ctx.target, ctx.num_blocks, ctx.block_size, ctx.attention, ctx.prefix_features)
+        return cls(net, ctx.target, ctx.num_blocks, ctx.block_size, ctx.attention, ctx.prefix_features, ctx.kv_dtype)
 
     # --- target side ----------------------------------------------------------------------------
     def observe(self, request: Request, start: int, hidden: Optional[torch.Tensor], num_accepted: int) -> None:

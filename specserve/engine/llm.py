@@ -70,7 +70,7 @@ class LLM:
 
     def __init__(self, model: Optional[str] = None, dtype: str = "auto", device: str = "cpu",
                  block_kernels: bool = True, activations: str = "fp32", num_threads: Optional[int] = None,
-                 chat_template: Optional[str] = None, kv_cache_gib: float = 1.0,
+                 chat_template: Optional[str] = None, kv_cache_gib: float = 1.0, kv_cache_dtype: str = "auto",
                  block_size: int = 16, max_num_seqs: int = 64, max_num_batched_tokens: int = 2048,
                  max_model_len: Optional[int] = None, speculative: Union[dict, str, SpeculativeConfig, None] = None,
                  guided_fast_forward: bool = True, enable_prefix_caching: bool = True,
@@ -82,7 +82,8 @@ class LLM:
                               cuda_graphs=cuda_graphs,
                               cuda_rounds=cuda_rounds, batch_invariant=batch_invariant),
             load=LoadConfig(check_tensors=check_tensors, check_memory=check_memory),
-            cache=CacheConfig(block_size=block_size, kv_cache_gib=kv_cache_gib, enable_prefix_caching=enable_prefix_caching),
+            cache=CacheConfig(block_size=block_size, kv_cache_gib=kv_cache_gib, kv_cache_dtype=kv_cache_dtype,
+                              enable_prefix_caching=enable_prefix_caching),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       max_model_len=max_model_len, prefill_chunk=prefill_chunk),
             speculative=SpeculativeConfig.from_any(speculative),

@@ -72,8 +72,9 @@ class LLMEngine:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's context "
                              f"({self.arch.max_position_embeddings} tokens)")
         cc = config.cache
+        self.kv_dtype = _kv_dtype(cc.kv_cache_dtype, self.dtype, self.device)
         per_block = KVCache.bytes_per_block(self.arch.num_hidden_layers, cc.block_size, self.arch.num_key_value_heads,
-                                            self.arch.head_dim, self.dtype)
+                                            self.arch.head_dim, self.kv_dtype)
         num_blocks = cc.num_blocks or max(1, int(cc.kv_cache_gib * 2**30) // per_block)
         validate_loaded(self.model_path, self.arch, weights, config, self.dtype, num_blocks * per_block, self.max_model_len)
         self.model = build_model(self.arch, weights, self.dtype, self.device, use_blocks=mc.block_kernels,
@@ -83,7 +84,7 @@ class LLMEngine:
         self.weight_kernel = self.model.layers[0].gate_up.kernel  # the MLP's product: most of a step's weights
 
         self.kv = KVCache(self.arch.num_hidden_layers, num_blocks, cc.block_size, self.arch.num_key_value_heads,
-                          self.arch.head_dim, self.dtype, self.device)
+                          self.arch.head_dim, self.kv_dtype, self.device)
         spec_config = config.speculative
         # Without speculation too: the C++ paged kernel (split) on CPU, one padded SDPA call on CUDA.
         attention = (spec_config or SpeculativeConfig()).resolved_attention(mc.device)
@@ -99,7 +100,8 @@ class LLMEngine:
         self.speculator: Optional[SpeculativeDecoder] = None
         if spec_config is not None:
             ctx = DrafterContext(self.model, self.tokenizer, self.model_path, num_blocks, cc.block_size, attention,
-                                 prefix_features=self.kv.read_features)
+                                 prefix_features=self.kv.read_features,
+                                 kv_dtype=None if cc.kv_cache_dtype == "auto" else self.kv_dtype)
             self.speculator = SpeculativeDecoder(build_drafter(spec_config, ctx),
                                                  lambda: make_policy(spec_config.policy, spec_config.draft_len),
                                                  spec_config.fallback, shape=spec_config.shape,
@@ -121,7 +123,7 @@ class LLMEngine:
         if sc.prefill_chunk == "auto":
             graphs = hasattr(self.runner, "graphs")  # on CUDA: timed on the path prompts take (graphs, fused kernels)
             key = (self.model_path, mc.resolved_dtype(), mc.device, mc.block_kernels, mc.activations,
-                   torch.get_num_threads(), graphs)
+                   torch.get_num_threads(), graphs, cc.kv_cache_dtype)
             timer = (lambda table, n, repeats: self.runner.time_pass(table, n, 0, repeats=repeats, prompt=True)) if graphs else None
             self.prefill_chunk = measure_prefill_chunk(key, self.model, self.kv, blocks, sc.max_num_batched_tokens,
                                                        time_fn=timer)
@@ -491,6 +493,17 @@ def _score_prompt(r: Request, logits: torch.Tensor) -> None:
     r.prompt_logprobs.extend(lp)
     if r.params.prompt_logprobs:
         r.prompt_top_logprobs.extend(top)
+
+
+def _kv_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV cache's element type: the model's (auto), or float16, which only the CPU paged kernel
+    reads (it widens each key and value to f32 as it loads it)."""
+    if name == "auto":
+        return dtype
+    if device.type != "cpu" or dtype != torch.float32:
+        raise ValueError(f"kv_cache_dtype {name} is for float32 models on CPU (this engine runs {dtype} on "
+                         f"{device.type}); on CUDA the cache already takes the model's dtype")
+    return _DTYPES[name]
 
 
 def _graph_runner(eager: ModelRunner, config: EngineConfig, max_model_len: int) -> ModelRunner:

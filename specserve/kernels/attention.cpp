@@ -20,6 +20,12 @@ namespace specserve {
 // p - window + 1 .. p only. A verify row and the one-token step at its position read the same keys
 // in the same order, so they still give the same bits. A tree node sits at position (context length
 // + its depth), so its window starts there; a tree must be shorter than the window.
+// The caches are f32 (exact) or f16 (half the bytes to read; --kv-cache-dtype float16): every key
+// and value is widened to f32 as it is loaded, and all arithmetic stays f32, so an f16 cache gives the
+// bits of an f32 cache holding the same f16-rounded values.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
 // The most queries (span rows x heads of a group) one work item serves (each keeps a row of scores).
 constexpr int64_t kMaxQueries = 32;
 
@@ -31,9 +37,10 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
   // Every index the loops below follow is checked first: a bad table or length raises here instead
   // of reading or writing outside the cache (O(sequences + blocks), nothing next to the attention).
   TORCH_CHECK(q.dtype() == at::kFloat && q.is_contiguous() && q.dim() == 3, "q must be contiguous f32 [T, H, D]");
-  TORCH_CHECK(k_cache.dtype() == at::kFloat && v_cache.dtype() == at::kFloat && k_cache.is_contiguous()
-              && v_cache.is_contiguous() && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(),
-              "k_cache/v_cache must be contiguous f32 [slots, Hkv, D] of one shape");
+  TORCH_CHECK((k_cache.dtype() == at::kFloat || k_cache.dtype() == at::kHalf) && v_cache.dtype() == k_cache.dtype()
+              && k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3
+              && v_cache.sizes() == k_cache.sizes(),
+              "k_cache/v_cache must be contiguous f32 or f16 [slots, Hkv, D] of one shape and type");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Hkv = k_cache.size(1), B = q_lens.size(0);
   TORCH_CHECK(D % 8 == 0 && D <= 256, "head_dim must be a multiple of 8, at most 256");
   TORCH_CHECK(k_cache.size(2) == D && Hkv > 0 && H % Hkv == 0, "cache heads/head_dim do not match q");
@@ -78,15 +85,11 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
   }
   auto out = at::empty_like(q);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
   const int64_t* bt = block_tables.data_ptr<int64_t>();
   const int64_t* qs = q_starts.data_ptr<int64_t>();
   const int64_t* ql = q_lens.data_ptr<int64_t>();
   const int64_t* kl = kv_lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
-  int64_t max_kv = 0;
-  for (int64_t b = 0; b < B; ++b) max_kv = std::max(max_kv, kl[b]);
   // Work items: a sequence's queries of one KV head (its span's rows x the heads of the group), cut
   // into parts of at most kMaxQueries so that there are items for every thread. The queries of an
   // item read each key and value row once, from L1, where one item per (sequence, head) read the
@@ -113,19 +116,20 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
     std::vector<int64_t> span_pos;  // per query: the positions of the tree rows it sees
     struct Query { int64_t t, h, n_ctx, vis, lo, nc, n; float mx, sum; };
     std::vector<Query> qr;
-    const int64_t stride = Hkv * D, sstride = max_kv + 8;
-    // VD (D / 8) a constant for the head sizes of the real models (64, 128, 256): the loops over it unroll.
-    auto run = [&](auto vd, const Item it) {
+    const int64_t stride = Hkv * D;
+    // VD (D / 8) a constant for the head sizes of the real models (64, 128, 256): the loops over it
+    // unroll. KT: the cache's element, float or f16 (uint16_t bits, widened by load8).
+    auto run = [&](auto vd, const auto* kp, const auto* vp, const Item it) {
       const int64_t VD = vd;
+      using KT = std::remove_cv_t<std::remove_pointer_t<decltype(kp)>>;
       const int64_t b = it.b, kvh = it.kvh, nq = it.r1 - it.r0;
       const int64_t* table = bt + b * max_blocks;
       const int64_t span = trees ? sl[b] : 0;
       qr.resize(nq);
-      scores.resize(nq * sstride);
       qbuf.resize(nq * D);
       obuf.assign(nq * D, 0.0f);
       span_pos.resize(nq * (Lmax + 1));
-      int64_t jlo = INT64_MAX, jhi = 0;  // the context keys any query of the item sees
+      int64_t jlo = INT64_MAX, jhi = 0, sstride = 0;  // the context keys any query of the item sees; a score row
       for (int64_t r = 0; r < nq; ++r) {
         // query r of the item: row i of the span, head h of the group
         const int64_t i = (it.r0 + r) / group, h = kvh * group + (it.r0 + r) % group, t = qs[b] + i;
@@ -149,47 +153,57 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
           _mm256_storeu_ps(&qbuf[r * D + 8 * d], _mm256_mul_ps(_mm256_loadu_ps(qv + 8 * d), _mm256_set1_ps(scale)));
         jlo = std::min(jlo, x.lo);
         jhi = std::max(jhi, x.n_ctx);
+        sstride = std::max(sstride, x.n);
       }
+      scores.resize(nq * sstride);
+      // One key's score: a chain of dependent FMAs over d, then the horizontal sum. Every score is
+      // summed in this order, alone or in the four-key and two-query loops below (same bits).
+      auto dot1 = [&](const float* qv, const KT* kv) {
+        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qv), load8(kv));
+        for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + 8 * d), load8(kv + 8 * d), acc);
+        return hsum(acc);
+      };
+      // o += p * v: a query's output gathers its keys' values in position order.
+      auto accumulate = [&](__m256* o, float p, const KT* vv) {
+        const __m256 pv = _mm256_set1_ps(p);
+        for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_fmadd_ps(pv, load8(vv + 8 * d), o[d]);
+      };
       // Query r's scores of the context keys [a, e) of the run that starts at key j0 (its rows at
       // kblock): sc[j - lo] is key j's. Four keys at a time: one key's dot product is a chain of
-      // dependent FMAs, so a lone key waits on latency; independent chains fill the pipes. Each score
-      // is still summed in the same order as one key alone (same bits).
-      auto score_one = [&](int64_t r, const float* kblock, int64_t j0, int64_t a, int64_t e) {
+      // dependent FMAs, so a lone key waits on latency; independent chains fill the pipes.
+      auto score_one = [&](int64_t r, const KT* kblock, int64_t j0, int64_t a, int64_t e) {
         Query& x = qr[r];
         const float* qv = &qbuf[r * D];
         float* sc = scores.data() + r * sstride + (a - x.lo);  // sc[j - a]: key j's score
         float mx = x.mx;
         int64_t j = a;
         for (; j + 4 <= e; j += 4) {
-          const float* k0 = kblock + (j - j0) * stride;
+          const KT* k0 = kblock + (j - j0) * stride;
           const __m256 q0 = _mm256_loadu_ps(qv);
-          __m256 a0 = _mm256_mul_ps(q0, _mm256_loadu_ps(k0));
-          __m256 a1 = _mm256_mul_ps(q0, _mm256_loadu_ps(k0 + stride));
-          __m256 a2 = _mm256_mul_ps(q0, _mm256_loadu_ps(k0 + 2 * stride));
-          __m256 a3 = _mm256_mul_ps(q0, _mm256_loadu_ps(k0 + 3 * stride));
+          __m256 a0 = _mm256_mul_ps(q0, load8(k0));
+          __m256 a1 = _mm256_mul_ps(q0, load8(k0 + stride));
+          __m256 a2 = _mm256_mul_ps(q0, load8(k0 + 2 * stride));
+          __m256 a3 = _mm256_mul_ps(q0, load8(k0 + 3 * stride));
           for (int64_t d = 1; d < VD; ++d) {
             const __m256 qd = _mm256_loadu_ps(qv + 8 * d);
-            a0 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + 8 * d), a0);
-            a1 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + stride + 8 * d), a1);
-            a2 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + 2 * stride + 8 * d), a2);
-            a3 = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k0 + 3 * stride + 8 * d), a3);
+            a0 = _mm256_fmadd_ps(qd, load8(k0 + 8 * d), a0);
+            a1 = _mm256_fmadd_ps(qd, load8(k0 + stride + 8 * d), a1);
+            a2 = _mm256_fmadd_ps(qd, load8(k0 + 2 * stride + 8 * d), a2);
+            a3 = _mm256_fmadd_ps(qd, load8(k0 + 3 * stride + 8 * d), a3);
           }
           float* s4 = sc + (j - a);
           s4[0] = hsum(a0); s4[1] = hsum(a1); s4[2] = hsum(a2); s4[3] = hsum(a3);
           mx = std::max(mx, std::max(std::max(s4[0], s4[1]), std::max(s4[2], s4[3])));
         }
         for (; j < e; ++j) {
-          const float* kv = kblock + (j - j0) * stride;
-          __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qv), _mm256_loadu_ps(kv));
-          for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + 8 * d), _mm256_loadu_ps(kv + 8 * d), acc);
-          sc[j - a] = hsum(acc);
+          sc[j - a] = dot1(qv, kblock + (j - j0) * stride);
           mx = std::max(mx, sc[j - a]);
         }
         x.mx = mx;
       };
       // Queries r and r + 1 over the same keys [a, e): eight chains (two queries x four keys), each
       // key row loaded once for both.
-      auto score_two = [&](int64_t r, const float* kblock, int64_t j0, int64_t a, int64_t e) {
+      auto score_two = [&](int64_t r, const KT* kblock, int64_t j0, int64_t a, int64_t e) {
         Query &x = qr[r], &y = qr[r + 1];
         const float *qv = &qbuf[r * D], *qw = qv + D;
         float* sc = scores.data() + r * sstride + (a - x.lo);
@@ -197,25 +211,25 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
         float mx = x.mx, my = y.mx;
         int64_t j = a;
         for (; j + 4 <= e; j += 4) {
-          const float* k0 = kblock + (j - j0) * stride;
-          __m256 k = _mm256_loadu_ps(k0);
+          const KT* k0 = kblock + (j - j0) * stride;
+          __m256 k = load8(k0);
           const __m256 q0 = _mm256_loadu_ps(qv), w0 = _mm256_loadu_ps(qw);
           __m256 a0 = _mm256_mul_ps(q0, k), b0 = _mm256_mul_ps(w0, k);
-          k = _mm256_loadu_ps(k0 + stride);
+          k = load8(k0 + stride);
           __m256 a1 = _mm256_mul_ps(q0, k), b1 = _mm256_mul_ps(w0, k);
-          k = _mm256_loadu_ps(k0 + 2 * stride);
+          k = load8(k0 + 2 * stride);
           __m256 a2 = _mm256_mul_ps(q0, k), b2 = _mm256_mul_ps(w0, k);
-          k = _mm256_loadu_ps(k0 + 3 * stride);
+          k = load8(k0 + 3 * stride);
           __m256 a3 = _mm256_mul_ps(q0, k), b3 = _mm256_mul_ps(w0, k);
           for (int64_t d = 1; d < VD; ++d) {
             const __m256 qd = _mm256_loadu_ps(qv + 8 * d), wd = _mm256_loadu_ps(qw + 8 * d);
-            k = _mm256_loadu_ps(k0 + 8 * d);
+            k = load8(k0 + 8 * d);
             a0 = _mm256_fmadd_ps(qd, k, a0); b0 = _mm256_fmadd_ps(wd, k, b0);
-            k = _mm256_loadu_ps(k0 + stride + 8 * d);
+            k = load8(k0 + stride + 8 * d);
             a1 = _mm256_fmadd_ps(qd, k, a1); b1 = _mm256_fmadd_ps(wd, k, b1);
-            k = _mm256_loadu_ps(k0 + 2 * stride + 8 * d);
+            k = load8(k0 + 2 * stride + 8 * d);
             a2 = _mm256_fmadd_ps(qd, k, a2); b2 = _mm256_fmadd_ps(wd, k, b2);
-            k = _mm256_loadu_ps(k0 + 3 * stride + 8 * d);
+            k = load8(k0 + 3 * stride + 8 * d);
             a3 = _mm256_fmadd_ps(qd, k, a3); b3 = _mm256_fmadd_ps(wd, k, b3);
           }
           float *s4 = sc + (j - a), *t4 = sd + (j - a);
@@ -231,16 +245,18 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
       // Walk the block table block by block over the item's keys (no division per key): each run of
       // a block's keys is scored by every query that sees them while the run is in L1.
       auto m_of = [&](int64_t j0) { return std::min(block_size - j0 % block_size, jhi - j0); };
+      auto slot = [&](int64_t pos) { return (table[pos / block_size] * block_size + pos % block_size) * stride + kvh * D; };
       // The next block lies anywhere in the cache, where the hardware prefetcher does not follow: its
       // rows are asked for while this block's are worked on (decode steps read the context from DRAM).
-      auto prefetch_run = [&](const float* rows, int64_t m) {
+      auto prefetch_run = [&](const KT* rows, int64_t m) {
         for (int64_t u = 0; u < m; ++u)
-          for (int64_t c = 0; c < D; c += 16) _mm_prefetch(reinterpret_cast<const char*>(rows + u * stride + c), _MM_HINT_T0);
+          for (int64_t c = 0; c < D; c += 64 / (int64_t)sizeof(KT))
+            _mm_prefetch(reinterpret_cast<const char*>(rows + u * stride + c), _MM_HINT_T0);
       };
-      for (int64_t j0 = jlo, blk = jlo / block_size; j0 < jhi; j0 += m_of(j0), ++blk) {
-        const float* kblock = kp + ((table[blk] * block_size + j0 - blk * block_size) * Hkv + kvh) * D;
+      for (int64_t j0 = jlo; j0 < jhi; j0 += m_of(j0)) {
+        const KT* kblock = kp + slot(j0);
         const int64_t j1 = j0 + m_of(j0);
-        if (j1 < jhi) prefetch_run(kp + (table[blk + 1] * block_size * Hkv + kvh) * D, m_of(j1));
+        if (j1 < jhi) prefetch_run(kp + slot(j1), m_of(j1));
         for (int64_t r = 0; r < nq;) {
           const int64_t a = std::max(j0, qr[r].lo), e = std::min(j1, qr[r].n_ctx);
           if (r + 1 == nq) {
@@ -266,13 +282,8 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
       for (int64_t r = 0; r < nq; ++r) {
         Query& x = qr[r];
         float* sr = &scores[r * sstride];
-        const float* qv = &qbuf[r * D];
         for (int64_t e = x.nc; e < x.n; ++e) {  // a tree's visible span rows, one by one
-          const int64_t pos = span_pos[r * (Lmax + 1) + e - x.nc];
-          const float* kv = kp + ((table[pos / block_size] * block_size + pos % block_size) * Hkv + kvh) * D;
-          __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qv), _mm256_loadu_ps(kv));
-          for (int64_t d = 1; d < VD; ++d) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + 8 * d), _mm256_loadu_ps(kv + 8 * d), acc);
-          sr[e] = hsum(acc);
+          sr[e] = dot1(&qbuf[r * D], kp + slot(span_pos[r * (Lmax + 1) + e - x.nc]));
           x.mx = std::max(x.mx, sr[e]);
         }
         const int64_t n = x.n;
@@ -295,10 +306,10 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
         x.sum = sum;
       }
       // The values, in the same runs: each query's output gathers its keys in position order.
-      for (int64_t j0 = jlo, blk = jlo / block_size; j0 < jhi; j0 += m_of(j0), ++blk) {
-        const float* vblock = vp + ((table[blk] * block_size + j0 - blk * block_size) * Hkv + kvh) * D;
+      for (int64_t j0 = jlo; j0 < jhi; j0 += m_of(j0)) {
+        const KT* vblock = vp + slot(j0);
         const int64_t j1 = j0 + m_of(j0);
-        if (j1 < jhi) prefetch_run(vp + (table[blk + 1] * block_size * Hkv + kvh) * D, m_of(j1));
+        if (j1 < jhi) prefetch_run(vp + slot(j1), m_of(j1));
         for (int64_t r = 0; r < nq; ++r) {
           const Query& x = qr[r];
           const int64_t a = std::max(j0, x.lo), e = std::min(j1, x.n_ctx);
@@ -307,11 +318,7 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
           float* orow = &obuf[r * D];
           __m256 o[32];
           for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_loadu_ps(orow + 8 * d);
-          for (int64_t u = a; u < e; ++u) {
-            const float* vv = vblock + (u - j0) * stride;
-            const __m256 p = _mm256_set1_ps(pr[u - x.lo]);
-            for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vv + 8 * d), o[d]);
-          }
+          for (int64_t u = a; u < e; ++u) accumulate(o, pr[u - x.lo], vblock + (u - j0) * stride);
           for (int64_t d = 0; d < VD; ++d) _mm256_storeu_ps(orow + 8 * d, o[d]);
         }
       }
@@ -321,23 +328,27 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
         float* orow = &obuf[r * D];
         __m256 o[32];
         for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_loadu_ps(orow + 8 * d);
-        for (int64_t e = x.nc; e < x.n; ++e) {
-          const int64_t pos = span_pos[r * (Lmax + 1) + e - x.nc];
-          const float* vv = vp + ((table[pos / block_size] * block_size + pos % block_size) * Hkv + kvh) * D;
-          const __m256 p = _mm256_set1_ps(sr[e]);
-          for (int64_t d = 0; d < VD; ++d) o[d] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vv + 8 * d), o[d]);
-        }
+        for (int64_t e = x.nc; e < x.n; ++e) accumulate(o, sr[e], vp + slot(span_pos[r * (Lmax + 1) + e - x.nc]));
         const __m256 inv = _mm256_set1_ps(1.0f / x.sum);
         float* ov = op + (x.t * H + x.h) * D;
         for (int64_t d = 0; d < VD; ++d) _mm256_storeu_ps(ov + 8 * d, _mm256_mul_ps(o[d], inv));
       }
     };
+    // f16 caches hold the bits of f16 values; their widening to f32 is exact
+    const bool half = k_cache.scalar_type() == at::kHalf;
+    auto typed = [&](auto vd, const Item& it) {
+      if (half)
+        run(vd, reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::Half>()),
+            reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::Half>()), it);
+      else
+        run(vd, k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), it);
+    };
     for (int64_t w = w0; w < w1; ++w) {
       switch (D) {
-        case 64: run(std::integral_constant<int64_t, 8>{}, items[w]); break;
-        case 128: run(std::integral_constant<int64_t, 16>{}, items[w]); break;
-        case 256: run(std::integral_constant<int64_t, 32>{}, items[w]); break;
-        default: run(D / 8, items[w]);
+        case 64: typed(std::integral_constant<int64_t, 8>{}, items[w]); break;
+        case 128: typed(std::integral_constant<int64_t, 16>{}, items[w]); break;
+        case 256: typed(std::integral_constant<int64_t, 32>{}, items[w]); break;
+        default: typed(D / 8, items[w]);
       }
     }
   });

@@ -48,8 +48,9 @@ torch::Tensor decoder_layer(torch::Tensor x, c10::optional<torch::Tensor> delta,
     head_norm_(qkv, H, Hkv, D, *k_norm, eps);
   }
   rope_(qkv, cos, sin, H + Hkv, D);
-  k_cache.index_copy_(0, slot_mapping, qkv.narrow(1, H * D, Hkv * D).view({T, Hkv, D}));
-  v_cache.index_copy_(0, slot_mapping, qkv.narrow(1, (H + Hkv) * D, Hkv * D).view({T, Hkv, D}));
+  // an f16 cache (--kv-cache-dtype float16): rounded once, here
+  k_cache.index_copy_(0, slot_mapping, qkv.narrow(1, H * D, Hkv * D).view({T, Hkv, D}).to(k_cache.scalar_type()));
+  v_cache.index_copy_(0, slot_mapping, qkv.narrow(1, (H + Hkv) * D, Hkv * D).view({T, Hkv, D}).to(v_cache.scalar_type()));
   torch::Tensor q = qkv.narrow(1, 0, H * D).contiguous().view({T, H, D});
   torch::Tensor attn = paged_attention(q, k_cache, v_cache, tables, q_starts, q_lens, kv_lens, block_size, scale,
                                        span_lens, tree_mask, window);

@@ -52,7 +52,7 @@ def _byte_level_pre_tokenizer(pre: str):
 # Control tokens that end a generation whatever the header's eos id (llama.cpp's list): turn ends, and
 # the end of a document (Qwen2.5-Coder ends a fill-in-the-middle answer with <|endoftext|>).
 END_OF_GENERATION = ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<EOT>", "<|END_OF_TURN_TOKEN|>",
-                      "<|endoftext|>", "<|eom_id|>", "<|end_of_text|>")
+                     "<|endoftext|>", "<|eom_id|>", "<|end_of_text|>")
 
 
 def _byte_level_bpe(fields: dict, tokens: list[str]) -> HFTokenizer:

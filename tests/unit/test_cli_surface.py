@@ -13,14 +13,15 @@ from .cli_surface import surface
 # Flags added since the record, each by name (activations: issue 37's mode; draft_vocab: FR-Spec, and draft_quant: the
 # draft re-encoded in fewer bits, issue 40; cuda_rounds:
 # issue 41's rounds on the GPU, and batch_invariant: its batch-invariant projections; placement, ray_address: serve's
-# placement on Ray, issue 38; chat_template: vLLM's --chat-template): a flag that vanished, or one added without
+# placement on Ray, issue 38; chat_template and kv_cache_dtype: vLLM's --chat-template and --kv-cache-dtype): a flag
+# that vanished, or one added without
 # being named here, still fails.
 ADDED = {"--activations": "activations", "--draft-vocab": "draft_vocab", "--draft-quant": "draft_quant",
          "--cuda-rounds": "cuda_rounds", "--batch-invariant --no-batch-invariant": "batch_invariant",
          "--placement": "placement", "--ray-address": "ray_address", "--max-model-len": "max_model_len",
          "--min-p": "min_p", "--repetition-penalty": "repetition_penalty", "--presence-penalty": "presence_penalty",
          "--frequency-penalty": "frequency_penalty", "--min-tokens": "min_tokens", "--chat-template": "chat_template",
-         "--suffix": "suffix"}
+         "--suffix": "suffix", "--kv-cache-dtype": "kv_cache_dtype"}
 RECORDED = json.loads((pathlib.Path(__file__).parent / "data" / "cli_surface_0ae6532.json").read_text())
 NOW = surface(build_parser)
 

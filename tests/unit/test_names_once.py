@@ -20,7 +20,8 @@ ENGINE_DEFAULTS = dict(model=None, dtype="auto", device="cpu", num_threads=None,
                        cuda_rounds=16,  # issue 41's rounds on the GPU, added since
                        batch_invariant=False,  # issue 41's batch-invariant projections, added since
                        max_model_len=None,  # --max-model-len (vLLM's flag), added since
-                       chat_template=None)  # --chat-template (vLLM's flag), added since
+                       chat_template=None,  # --chat-template (vLLM's flag), added since
+                       kv_cache_dtype="auto")  # --kv-cache-dtype (vLLM's flag), added since
 
 
 def kwargs(line):

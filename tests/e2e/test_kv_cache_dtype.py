@@ -1,0 +1,83 @@
+"""--kv-cache-dtype float16 end to end on the embedded model: the cache holds f16 (twice the blocks in
+the same GiB); within the mode greedy speculation gives regular decoding's tokens at batch 1 and 8, a
+batch gives batch one's tokens, and a prefix-cache hit gives a cold prompt's (every path reads the same
+rounded keys and the paged kernel sums each row in one order); the text stays close to the f32 cache's;
+the flag reaches the engine; it is refused where only f32/bf16 caches run.
+
+fallback=False: the cost model must not turn speculation off and make the comparison trivial."""
+import pytest
+import torch
+
+from specserve import LLM, SamplingParams, kernels
+from specserve.cli.engine_args import llm_kwargs
+from specserve.cli.main import build_parser
+from specserve.config import CacheConfig
+from specserve.kv.cache import KVCache
+from specserve_bench.humaneval import humaneval_prompts
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="no block kernels: the f16 cache is the paged kernel's")
+
+PROMPTS = humaneval_prompts(8)
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def f16_llm():
+    return LLM(kv_cache_dtype="float16", kv_cache_gib=0.25, max_num_seqs=8)
+
+
+@pytest.fixture(scope="module")
+def reference(f16_llm):
+    return [f16_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
+
+
+def test_the_cache_holds_f16_and_twice_the_blocks(f16_llm):
+    e = f16_llm.engine
+    assert e.kv.k.dtype == e.kv.v.dtype == torch.float16 and e.model.dtype == torch.float32
+    arch = e.arch
+    f32_block = KVCache.bytes_per_block(arch.num_hidden_layers, 16, arch.num_key_value_heads, arch.head_dim, torch.float32)
+    assert e.kv.num_blocks == int(0.25 * 2**30) // (f32_block // 2) and e.kv.num_blocks >= 2 * (int(0.25 * 2**30) // f32_block)
+
+
+@pytest.mark.parametrize("spec", [dict(method="draft", policy="bass"),
+                                  dict(method="draft", shape="tree", tree_top_k=3, tree_beam=2),
+                                  dict(method="suffix", policy="fixed", draft_len=5)],
+                         ids=["draft-chain", "draft-tree", "suffix"])
+def test_greedy_speculation_equals_regular_decoding_in_the_mode(spec, reference):
+    llm = LLM(kv_cache_dtype="float16", speculative={**spec, "fallback": False}, kv_cache_gib=0.25, max_num_seqs=8)
+    if spec["method"] == "draft":  # the draft model's own cache takes the target's cache type too
+        assert llm.engine.speculator.drafter.kv.cache.k.dtype == torch.float16
+    assert [llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS[:3]] == reference[:3]  # batch 1
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    stats = llm.spec_stats()
+    assert stats["spec_steps"] > 0 and stats["accepted"] > 0  # it really speculated
+
+
+def test_a_batch_and_a_prefix_cache_hit_change_no_token(f16_llm, reference):
+    outs = f16_llm.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    again = f16_llm.generate(PROMPTS[0], GREEDY)[0]  # its prompt's blocks are cached by now
+    assert again.num_cached_tokens > 0 and again.outputs[0].token_ids == reference[0]
+
+
+def test_the_mode_stays_close_to_the_f32_cache(embedded_llm, reference):
+    """Not the same bits (each key and value keeps 11 significant bits), but mostly the same greedy
+    tokens: at least 6 of the 8 prompts agree on their first 8 tokens."""
+    f32 = [embedded_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
+    agree = sum(a[:8] == b[:8] for a, b in zip(f32, reference))
+    assert agree >= 6, agree
+
+
+def test_the_flag_reaches_the_engine():
+    args = build_parser().parse_args(["generate", "x", "--kv-cache-dtype", "float16"])
+    assert llm_kwargs(args)["kv_cache_dtype"] == "float16"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "x", "--kv-cache-dtype", "int4"])
+
+
+def test_refused_where_it_cannot_run():
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        CacheConfig(kv_cache_dtype="int8")
+    with pytest.raises(ValueError, match="kv_cache_dtype float16 is for float32 models on CPU"):
+        LLM(kv_cache_dtype="float16", dtype="bfloat16", kv_cache_gib=0.1)
