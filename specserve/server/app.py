@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -71,30 +71,33 @@ class JsonBodies:
 
 
 def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
-    """Every failure FastAPI or a route raises answered as OpenAI's error object, and counted by status."""
+    """Every failure FastAPI or a route raises answered as OpenAI's error object (ollama's under /api/),
+    and counted by status."""
 
     @app.exception_handler(ApiError)
-    async def _api_error(_, e: ApiError):
+    async def _api_error(request: Request, e: ApiError):
         metrics.errors.labels(str(e.status)).inc()
-        return error_response(e.status, e.message, e.type, e.param, e.headers)
+        return error_response(e.status, e.message, e.type, e.param, e.headers, path=request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_, e: RequestValidationError):  # pydantic's 422 is OpenAI's 400, naming the field
+    async def _invalid(request: Request, e: RequestValidationError):  # pydantic's 422 is OpenAI's 400, naming the field
         metrics.errors.labels("400").inc()
         errs = e.errors()
         first = errs[0] if errs else {}
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         if first.get("type") == "json_invalid":
-            return error_response(400, "the request body is not valid JSON")
-        return error_response(400, f"{where or 'body'}: {first.get('msg', 'invalid')}", param=where or None)
+            return error_response(400, "the request body is not valid JSON", path=request.url.path)
+        return error_response(400, f"{where or 'body'}: {first.get('msg', 'invalid')}", param=where or None,
+                              path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_, e: StarletteHTTPException):
+    async def _http(request: Request, e: StarletteHTTPException):
         metrics.errors.labels(str(e.status_code)).inc()
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return error_response(e.status_code, str(e.detail), kind, headers=e.headers)  # a 405's Allow
+        return error_response(e.status_code, str(e.detail), kind, headers=e.headers, path=request.url.path)  # a 405's Allow
 
     @app.exception_handler(Exception)
-    async def _unexpected(_, e: Exception):
+    async def _unexpected(request: Request, e: Exception):
         metrics.errors.labels("500").inc()
-        return error_response(500, f"internal error: {type(e).__name__}: {str(e)[:200]}", "internal_server_error")
+        return error_response(500, f"internal error: {type(e).__name__}: {str(e)[:200]}", "internal_server_error",
+                              path=request.url.path)

@@ -1,5 +1,6 @@
 """The one shape every failure takes: OpenAI's error object with its HTTP status (ApiError raised
-anywhere in a request; error_response for the ASGI layers that answer before FastAPI)."""
+anywhere in a request; error_response for the ASGI layers that answer before FastAPI), and on ollama's
+API (paths under /api/) ollama's {"error": "..."}, the string its clients read."""
 from __future__ import annotations
 
 from typing import Optional
@@ -16,9 +17,14 @@ class ApiError(Exception):
         self.status, self.message, self.type, self.param, self.headers = status, message, type_, param, headers
 
 
+OLLAMA_PREFIX = "/api/"  # ollama's API (routes/ollama.py)
+
+
 def error_response(status: int, message: str, type_: str = "invalid_request_error", param: Optional[str] = None,
-                   headers: Optional[dict] = None) -> JSONResponse:
-    return JSONResponse(error_body(message, type_, status, param), status_code=status, headers=headers)
+                   headers: Optional[dict] = None, path: str = "") -> JSONResponse:
+    """path: the request's; under OLLAMA_PREFIX the answer takes ollama's shape."""
+    body = {"error": message} if path.startswith(OLLAMA_PREFIX) else error_body(message, type_, status, param)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {

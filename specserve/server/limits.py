@@ -51,7 +51,8 @@ class BodyLimit:
 
     async def _refuse(self, scope, receive, send):
         self.on_error(413)
-        return await error_response(413, f"request body over {self.limit} bytes")(scope, receive, send)
+        return await error_response(413, f"request body over {self.limit} bytes",
+                                    path=scope.get("path", ""))(scope, receive, send)
 
 
 class InFlight:

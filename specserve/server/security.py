@@ -10,14 +10,13 @@ import os
 from typing import Mapping, Optional
 
 from .config import API_KEY_ENV, ServerConfig
-from .errors import error_response
+from .errors import OLLAMA_PREFIX, error_response
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # with a key, the API's description is as private as the API (as vLLM guards them)
 DOC_PATHS = ("/docs", "/redoc", "/openapi.json")  # and below them (/docs/oauth2-redirect)
 # the API outside /v1/ (vLLM's /tokenize and /detokenize, llama-server's /infill): guarded as /v1/ is
 ROOT_API_PATHS = ("/tokenize", "/detokenize", "/infill")
-OLLAMA_PREFIX = "/api/"  # ollama's API (routes/ollama.py): guarded too
 
 
 def api_key(cfg: ServerConfig, env: Mapping[str, str] = os.environ) -> Optional[str]:
@@ -79,14 +78,14 @@ class Guard:
         headers = dict((k.lower(), v) for k, v in scope.get("headers", []))
         host = headers.get(b"host")
         # no Host at all is HTTP/1.0 from a script, not a browser (browsers always send one)
+        path = scope.get("path", "")
         if self.hosts is not None and host is not None and host_name(host.decode("latin-1")) not in self.hosts:
             self.on_error(400)
             return await error_response(400, "the Host header names a host this server does not answer to "
-                                             "(see --allowed-hosts)", param="Host")(scope, receive, send)
-        path = scope.get("path", "")
+                                             "(see --allowed-hosts)", param="Host", path=path)(scope, receive, send)
         if self.expected is not None and (path.startswith(("/v1/", OLLAMA_PREFIX) + DOC_PATHS) or path in ROOT_API_PATHS):
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
                 self.on_error(401)
                 return await error_response(401, "missing or wrong API key (Authorization: Bearer KEY)",
-                                            "authentication_error")(scope, receive, send)
+                                            "authentication_error", path=path)(scope, receive, send)
         return await self.app(scope, receive, send)

@@ -104,5 +104,15 @@ def test_models_and_errors(served):
     seeded = client.chat(model=model, messages=CONV, options={"seed": 3, "num_predict": 24})
     assert "".join(x["message"]["content"] for x in lines) == seeded.message.content  # temperature: ollama's default
     base = f"http://127.0.0.1:{guarded}"
-    assert requests.get(f"{base}/api/tags", timeout=30).status_code == 401  # the API key guards /api/ as /v1/
+    r = requests.get(f"{base}/api/tags", timeout=30)  # the API key guards /api/ as /v1/, in ollama's shape there
+    assert r.status_code == 401 and isinstance(r.json()["error"], str) and "API key" in r.json()["error"], r.text
     assert requests.get(f"{base}/api/tags", headers={"Authorization": "Bearer k"}, timeout=30).status_code == 200
+    assert isinstance(requests.get(f"{base}/v1/models", timeout=30).json()["error"], dict)  # OpenAI's shape on /v1/
+    for method, path, status in (("get", "/api/nope", 404), ("get", "/api/chat", 405)):  # FastAPI's own refusals
+        r = getattr(requests, method)(f"http://127.0.0.1:{port}{path}", timeout=30)
+        assert r.status_code == status and isinstance(r.json()["error"], str), r.text
+    r = requests.post(f"http://127.0.0.1:{port}/api/generate", data=b"x" * (5 * 2**20), timeout=60)  # over 4 MiB
+    assert r.status_code == 413 and isinstance(r.json()["error"], str), r.text
+    with pytest.raises(ollama.ResponseError) as e:  # ollama's client reads the string as the error
+        ollama.Client(host=base, timeout=30).list()
+    assert e.value.status_code == 401 and "API key" in e.value.error

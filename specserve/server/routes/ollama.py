@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 
 from ... import __version__
 from ...types import StreamDelta
-from ..errors import ApiError
+from ..errors import OLLAMA_PREFIX, ApiError, error_response
 from ..protocol import ChatCompletionRequest
 from ..serving import Serving
 from .chat import ChatChoice
@@ -103,7 +103,7 @@ def router(s: Serving) -> APIRouter:
 
     def failed(status: int, message: str, headers: Optional[dict] = None) -> JSONResponse:
         s.metrics.errors.labels(str(status)).inc()  # as the app's handlers count every failure
-        return JSONResponse({"error": message}, status_code=status, headers=headers)
+        return error_response(status, message, headers=headers, path=OLLAMA_PREFIX)
 
     @r.post("/api/show", include_in_schema=False)
     async def show(http: Request):
