@@ -501,8 +501,9 @@ def _kv_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtyp
     if name == "auto":
         return dtype
     if device.type != "cpu" or dtype != torch.float32:
-        raise ValueError(f"kv_cache_dtype {name} is for float32 models on CPU (this engine runs {dtype} on "
-                         f"{device.type}); on CUDA the cache already takes the model's dtype")
+        raise ValueError(f"kv_cache_dtype {name} is for float32 models on CPU (this engine runs "
+                         f"{str(dtype).removeprefix('torch.')} on {device.type}); on CUDA the cache already "
+                         f"takes the model's dtype")
     return _DTYPES[name]
 
 
