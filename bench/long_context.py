@@ -30,9 +30,11 @@ from specserve_bench.output import write_results  # noqa: E402
 
 def markdown(r: dict) -> str:
     c = r["cpu"]
+    chunks = ", ".join(f"{v} ({r['kv_names'][d]} KV)" for d, v in r["prefill_chunk"].items())
+    peer = "; llama.cpp's KV cache f16" if "llama.cpp" in r else ""
     lines = [f"# Long prompts: {Path(r['model']).name}, {r['activations']} activations", "",
              f"CPU: {c['cpu']} ({', '.join(c['flags'])}), {r['threads']} threads; greedy, {r['decode']} tokens "
-             f"decoded after each prompt; specserve's prefill chunk {r['prefill_chunk']}; llama.cpp's KV cache f16.", "",
+             f"decoded after each prompt; specserve's prefill chunk {chunks}{peer}.", "",
              "| prompt tokens | specserve KV cache | KV MiB | specserve TTFT s | llama.cpp TTFT s | TTFT speed vs llama.cpp "
              "| specserve decode ms/token | llama.cpp decode ms/token | decode speed vs llama.cpp |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -86,7 +88,7 @@ def main():
     contexts = [int(n) for n in args.contexts.split(",")]
     threads = torch.get_num_threads()
     result = {"model": path, "activations": args.activations, "threads": threads, "cpu": cpu(), "decode": args.decode,
-              "contexts": contexts, "specserve": {}, "kv_bytes_per_token": {}, "kv_names": {}}
+              "contexts": contexts, "specserve": {}, "kv_bytes_per_token": {}, "kv_names": {}, "prefill_chunk": {}}
     sp = SamplingParams(temperature=0, max_tokens=args.decode + 1, ignore_eos=True)
     for dtype in args.kv_cache_dtypes.split(","):
         llm = LLM(path, activations=args.activations, enable_prefix_caching=False, kv_cache_gib=args.kv_cache_gib,
@@ -98,7 +100,7 @@ def main():
         ids = llm.tokenizer.encode(text * (1 + 4 * max(contexts) // len(text)), add_special_tokens=False)
         assert len(ids) >= max(contexts), "the text is shorter than the longest context"
         llm.generate([ids[:64]], sp)  # warm-up
-        result["prefill_chunk"] = llm.engine.prefill_chunk
+        result["prefill_chunk"][dtype] = llm.engine.prefill_chunk
         runs = result["specserve"][dtype] = {}
         for n in contexts:
             m = llm.generate([ids[:n]], sp)[0].metrics

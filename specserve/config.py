@@ -92,9 +92,10 @@ class CacheConfig:
     num_blocks: Optional[int] = None  # overrides kv_cache_gib when set
     # float16 (llama.cpp's default cache type, vLLM's --kv-cache-dtype): half the bytes a decode step
     # reads at long context and twice the tokens in kv_cache_gib; keys and values are rounded to f16
-    # once, as they are written, and the attention still sums in f32 (kernels/attention.cpp)
-    kv_cache_dtype: str = option("auto", "auto: the model's dtype (float32 on CPU: exact); float16: half the memory "
-                                         "and the reads, keys and values rounded to f16 (CPU, float32 models)",
+    # once, as they are written (a value past f16's 65504 would become inf, as in llama.cpp's f16
+    # cache), and the attention still sums in f32 (kernels/attention.cpp)
+    kv_cache_dtype: str = option("auto", "auto: the model's dtype (exact); float16: half the memory and the reads, "
+                                         "keys and values rounded to f16 (CPU, float32 models)",
                                  choices=KV_CACHE_DTYPES)
     # reuse the KV of full blocks another request computed for the same tokens (kv/block_manager.py);
     # off with drafters that read the target's hidden states (EAGLE)

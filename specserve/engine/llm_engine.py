@@ -500,10 +500,12 @@ def _kv_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtyp
     reads (it widens each key and value to f32 as it loads it)."""
     if name == "auto":
         return dtype
-    if device.type != "cpu" or dtype != torch.float32:
-        raise ValueError(f"kv_cache_dtype {name} is for float32 models on CPU (this engine runs "
-                         f"{str(dtype).removeprefix('torch.')} on {device.type}); on CUDA the cache already "
-                         f"takes the model's dtype")
+    if device.type != "cpu":
+        raise ValueError(f"kv_cache_dtype {name} is the CPU kernels'; on CUDA the cache takes the model's dtype "
+                         f"({str(dtype).removeprefix('torch.')}): leave kv_cache_dtype at auto")
+    if dtype != torch.float32:
+        raise ValueError(f"kv_cache_dtype {name} is for float32 models (this one runs "
+                         f"{str(dtype).removeprefix('torch.')}): add --dtype float32, or leave kv_cache_dtype at auto")
     return _DTYPES[name]
 
 

@@ -129,7 +129,8 @@ at::Tensor paged_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
       qbuf.resize(nq * D);
       obuf.assign(nq * D, 0.0f);
       span_pos.resize(nq * (Lmax + 1));
-      int64_t jlo = INT64_MAX, jhi = 0, sstride = 0;  // the context keys any query of the item sees; a score row
+      int64_t jlo = INT64_MAX, jhi = 0;  // the context keys any query of the item sees
+      int64_t sstride = 1;  // a score row: the most keys one of the item's queries sees (at least 1)
       for (int64_t r = 0; r < nq; ++r) {
         // query r of the item: row i of the span, head h of the group
         const int64_t i = (it.r0 + r) / group, h = kvh * group + (it.r0 + r) % group, t = qs[b] + i;

@@ -8,7 +8,7 @@ page at /. Built on the public API only
 
 This module wires the app (as vLLM's api_server): the routes (routes/), what the generating ones
 share (serving.py, choices.py), the error handlers and the ASGI layers around it all. Every failure
-is an OpenAI error object with its status: 400 bad request (malformed JSON and HTTP included, a Host
+is an OpenAI error object (ollama's {"error": "..."} under /api/) with its status: 400 bad request (malformed JSON and HTTP included, a Host
 not allowed), 401 missing/wrong API key, 404 unknown model or route, 405 wrong method (with Allow),
 413 body too large, 429 too many requests in flight. A client that goes away (streaming or not) has
 its requests aborted at once.

@@ -107,7 +107,8 @@ class Calibrator:
 
 
 CHUNK_SIZES = (16, 32, 64, 128, 256)  # prompt tokens per timed pass (capped by the step's token budget)
-_measured: dict[tuple, int] = {}  # (model, dtype, device, blocks, activations, threads, budget) -> chunk: once per process
+# (model, dtype, device, blocks, activations, threads, graphs, KV cache dtype, budget) -> chunk: once per process
+_measured: dict[tuple, int] = {}
 
 
 def measure_prefill_chunk(key: tuple, model, kv, blocks, max_tokens: int, tolerance: float = 0.1,

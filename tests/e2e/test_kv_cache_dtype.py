@@ -15,7 +15,7 @@ from specserve.config import CacheConfig
 from specserve.kv.cache import KVCache
 from specserve_bench.humaneval import humaneval_prompts
 
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="no block kernels: the f16 cache is the paged kernel's")
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no block kernels: the f16 cache is the paged kernel's")
 
 PROMPTS = humaneval_prompts(8)
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
@@ -31,6 +31,7 @@ def reference(f16_llm):
     return [f16_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
 
 
+@needs_kernels
 def test_the_cache_holds_f16_and_twice_the_blocks(f16_llm):
     e = f16_llm.engine
     assert e.kv.k.dtype == e.kv.v.dtype == torch.float16 and e.model.dtype == torch.float32
@@ -39,6 +40,7 @@ def test_the_cache_holds_f16_and_twice_the_blocks(f16_llm):
     assert e.kv.num_blocks == int(0.25 * 2**30) // (f32_block // 2) and e.kv.num_blocks >= 2 * (int(0.25 * 2**30) // f32_block)
 
 
+@needs_kernels
 @pytest.mark.parametrize("spec", [dict(method="draft", policy="bass"),
                                   dict(method="draft", shape="tree", tree_top_k=3, tree_beam=2),
                                   dict(method="suffix", policy="fixed", draft_len=5)],
@@ -54,6 +56,7 @@ def test_greedy_speculation_equals_regular_decoding_in_the_mode(spec, reference)
     assert stats["spec_steps"] > 0 and stats["accepted"] > 0  # it really speculated
 
 
+@needs_kernels
 def test_a_batch_and_a_prefix_cache_hit_change_no_token(f16_llm, reference):
     outs = f16_llm.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == reference
@@ -61,6 +64,7 @@ def test_a_batch_and_a_prefix_cache_hit_change_no_token(f16_llm, reference):
     assert again.num_cached_tokens > 0 and again.outputs[0].token_ids == reference[0]
 
 
+@needs_kernels
 def test_the_mode_stays_close_to_the_f32_cache(embedded_llm, reference):
     """Not the same bits (each key and value keeps 11 significant bits), but mostly the same greedy
     tokens: at least 6 of the 8 prompts agree on their first 8 tokens."""
@@ -79,5 +83,5 @@ def test_the_flag_reaches_the_engine():
 def test_refused_where_it_cannot_run():
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         CacheConfig(kv_cache_dtype="int8")
-    with pytest.raises(ValueError, match="kv_cache_dtype float16 is for float32 models on CPU"):
+    with pytest.raises(ValueError, match="kv_cache_dtype float16 is for float32 models .this one runs bfloat16.: add --dtype float32"):
         LLM(kv_cache_dtype="float16", dtype="bfloat16", kv_cache_gib=0.1)

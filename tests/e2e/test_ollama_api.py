@@ -107,7 +107,8 @@ def test_models_and_errors(served):
     r = requests.get(f"{base}/api/tags", timeout=30)  # the API key guards /api/ as /v1/, in ollama's shape there
     assert r.status_code == 401 and isinstance(r.json()["error"], str) and "API key" in r.json()["error"], r.text
     assert requests.get(f"{base}/api/tags", headers={"Authorization": "Bearer k"}, timeout=30).status_code == 200
-    assert isinstance(requests.get(f"{base}/v1/models", timeout=30).json()["error"], dict)  # OpenAI's shape on /v1/
+    r = requests.get(f"{base}/v1/models", timeout=30)
+    assert r.status_code == 401 and isinstance(r.json()["error"], dict)  # OpenAI's shape on /v1/
     for method, path, status in (("get", "/api/nope", 404), ("get", "/api/chat", 405)):  # FastAPI's own refusals
         r = getattr(requests, method)(f"http://127.0.0.1:{port}{path}", timeout=30)
         assert r.status_code == status and isinstance(r.json()["error"], str), r.text

@@ -185,16 +185,14 @@ def test_a_rows_bits_do_not_depend_on_its_span_the_batch_or_the_threads(window):
 
 
 @pytest.mark.parametrize("d", [16, 64])
-@pytest.mark.parametrize("path", ["kernel", "kernel-tree", "sdpa", "split"])
+@pytest.mark.parametrize("path", ["kernel", "kernel-tree", "pad", "split"])
 def test_an_f16_cache_gives_the_bits_of_an_f32_cache_holding_its_values(path, d, monkeypatch):
     """--kv-cache-dtype float16: the new keys and values are rounded to f16 as they are written, and
     every path widens them back exactly and sums in f32, so the output must equal, bit for bit, what
     an f32 cache holding the rounded values gives (the kernel's f16 loads against its f32 loads)."""
     if path.startswith("kernel") and not kernels.available():
         pytest.skip("no block kernels")
-    if path == "sdpa":
-        monkeypatch.setattr(paged, "PAGED_KERNEL_MAX_Q", 0)
-    if path == "split":
+    if path == "split":  # one SDPA call per sequence (CUDA, bf16, prompt chunks)
         monkeypatch.setattr(kernels, "available", lambda: False)
     g = torch.Generator().manual_seed(4)
     q_lens, kv_lens, tables = [1, 3, 5], [37, 20, 66], [[9, 2, 11, 4, 0, 7, 1, 3, 5, 6], [8, 10, 12, 13, 14], [15 + i for i in range(17)]]
@@ -204,7 +202,8 @@ def test_an_f16_cache_gives_the_bits_of_an_f32_cache_holding_its_values(path, d,
     T = sum(q_lens)
     q = torch.randn(T, H, d, generator=g)
     k_new, v_new = torch.randn(T, HKV, d, generator=g), torch.randn(T, HKV, d, generator=g)
-    meta = AttentionMetadata.build(q_lens, kv_lens, tables, BS, torch.device("cpu"), span_parents=parents)
+    meta = AttentionMetadata.build(q_lens, kv_lens, tables, BS, torch.device("cpu"), span_parents=parents,
+                                   mode="pad" if path == "pad" else "split")  # pad: one padded SDPA call
     assert meta.use_paged_kernel == path.startswith("kernel")
     k32, v32 = k16.float(), v16.float()
     for window in (0, 9):
