@@ -90,15 +90,17 @@ def main():
     result = {"model": path, "activations": args.activations, "threads": threads, "cpu": cpu(), "decode": args.decode,
               "contexts": contexts, "specserve": {}, "kv_bytes_per_token": {}, "kv_names": {}, "prefill_chunk": {}}
     sp = SamplingParams(temperature=0, max_tokens=args.decode + 1, ignore_eos=True)
+    ids = None  # the prompt's ids: one tokenizer whatever the cache
     for dtype in args.kv_cache_dtypes.split(","):
         llm = LLM(path, activations=args.activations, enable_prefix_caching=False, kv_cache_gib=args.kv_cache_gib,
                   kv_cache_dtype=dtype)
         kv = llm.engine.kv
         result["kv_bytes_per_token"][dtype] = 2 * kv.k.element_size() * kv.k.shape[0] * kv.k.shape[2] * kv.k.shape[3]
         result["kv_names"][dtype] = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[kv.k.dtype]
-        text = Path(inspect.__file__).read_text()
-        ids = llm.tokenizer.encode(text * (1 + 4 * max(contexts) // len(text)), add_special_tokens=False)
-        assert len(ids) >= max(contexts), "the text is shorter than the longest context"
+        if ids is None:
+            text = Path(inspect.__file__).read_text()
+            ids = llm.tokenizer.encode(text * (1 + 4 * max(contexts) // len(text)), add_special_tokens=False)
+            assert len(ids) >= max(contexts), "the text is shorter than the longest context"
         llm.generate([ids[:64]], sp)  # warm-up
         result["prefill_chunk"][dtype] = llm.engine.prefill_chunk
         runs = result["specserve"][dtype] = {}

@@ -1,18 +1,17 @@
 """The int8-activation mode (issue 37) end to end on the embedded model: within the mode, greedy
 speculative decoding gives regular decoding's tokens at batch 1, 8 and 16 (the kernels sum each row in
 one order whatever the rows beside it); the mode's text stays close to fp32's; the flag reaches the
-engine from the command line.
-
-fallback=False: the cost model must not turn speculation off and make the comparison trivial."""
+engine from the command line."""
 import pytest
 
-from specserve import LLM, SamplingParams, kernels
+from specserve import LLM, kernels
 from specserve_bench.humaneval import humaneval_prompts
+
+from .mode_checks import GREEDY, SPECS, assert_speculation_gives, one_at_a_time, speculating
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no block kernels: the mode needs them")
 
 PROMPTS = humaneval_prompts(16)
-GREEDY = SamplingParams(temperature=0, max_tokens=24)
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +21,7 @@ def int8_llm():
 
 @pytest.fixture(scope="module")
 def reference(int8_llm):
-    return [int8_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
+    return one_at_a_time(int8_llm, PROMPTS)
 
 
 def test_every_product_runs_on_the_int8_kernels(int8_llm):
@@ -32,18 +31,10 @@ def test_every_product_runs_on_the_int8_kernels(int8_llm):
     assert all(lin.kernel == "int8" for lin in lins) and int8_llm.engine.weight_kernel == "int8"
 
 
-@pytest.mark.parametrize("spec", [dict(method="draft", policy="bass"),
-                                  dict(method="draft", shape="tree", tree_top_k=3, tree_beam=2),
-                                  dict(method="suffix", policy="fixed", draft_len=5)],
-                         ids=["eagle-chain", "eagle-tree", "suffix"])
+@pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
 def test_greedy_speculation_equals_regular_decoding_in_the_mode(spec, reference):
-    llm = LLM(activations="int8", speculative={**spec, "fallback": False}, kv_cache_gib=0.25, max_num_seqs=16)
-    assert [llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS[:4]] == reference[:4]  # batch 1
-    for n in (8, 16):
-        outs = llm.generate(PROMPTS[:n], GREEDY)
-        assert [o.outputs[0].token_ids for o in outs] == reference[:n], n
-    stats = llm.spec_stats()
-    assert stats["spec_steps"] > 0 and stats["accepted"] > 0  # it really speculated
+    llm = speculating(spec, activations="int8", max_num_seqs=16)
+    assert_speculation_gives(llm, PROMPTS, reference, alone=4, batches=(8, 16))
 
 
 def test_batched_regular_decoding_equals_batch_one(int8_llm, reference):

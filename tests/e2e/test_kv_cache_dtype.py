@@ -2,23 +2,22 @@
 the same GiB); within the mode greedy speculation gives regular decoding's tokens at batch 1 and 8, a
 batch gives batch one's tokens, and a prefix-cache hit gives a cold prompt's (every path reads the same
 rounded keys and the paged kernel sums each row in one order); the text stays close to the f32 cache's;
-the flag reaches the engine; it is refused where only f32/bf16 caches run.
-
-fallback=False: the cost model must not turn speculation off and make the comparison trivial."""
+the flag reaches the engine; it is refused where only f32/bf16 caches run."""
 import pytest
 import torch
 
-from specserve import LLM, SamplingParams, kernels
+from specserve import LLM, kernels
 from specserve.cli.engine_args import llm_kwargs
 from specserve.cli.main import build_parser
 from specserve.config import CacheConfig
 from specserve.kv.cache import KVCache
 from specserve_bench.humaneval import humaneval_prompts
 
+from .mode_checks import GREEDY, SPECS, assert_speculation_gives, one_at_a_time, speculating
+
 needs_kernels = pytest.mark.skipif(not kernels.available(), reason="no block kernels: the f16 cache is the paged kernel's")
 
 PROMPTS = humaneval_prompts(8)
-GREEDY = SamplingParams(temperature=0, max_tokens=24)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +27,7 @@ def f16_llm():
 
 @pytest.fixture(scope="module")
 def reference(f16_llm):
-    return [f16_llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS]
+    return one_at_a_time(f16_llm, PROMPTS)
 
 
 @needs_kernels
@@ -41,19 +40,12 @@ def test_the_cache_holds_f16_and_twice_the_blocks(f16_llm):
 
 
 @needs_kernels
-@pytest.mark.parametrize("spec", [dict(method="draft", policy="bass"),
-                                  dict(method="draft", shape="tree", tree_top_k=3, tree_beam=2),
-                                  dict(method="suffix", policy="fixed", draft_len=5)],
-                         ids=["draft-chain", "draft-tree", "suffix"])
+@pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
 def test_greedy_speculation_equals_regular_decoding_in_the_mode(spec, reference):
-    llm = LLM(kv_cache_dtype="float16", speculative={**spec, "fallback": False}, kv_cache_gib=0.25, max_num_seqs=8)
-    if spec["method"] == "draft":  # the draft model's own cache takes the target's cache type too
+    llm = speculating(spec, kv_cache_dtype="float16", max_num_seqs=8)
+    if spec["method"] == "draft":  # the draft's own cache takes the target's cache type too
         assert llm.engine.speculator.drafter.kv.cache.k.dtype == torch.float16
-    assert [llm.generate(p, GREEDY)[0].outputs[0].token_ids for p in PROMPTS[:3]] == reference[:3]  # batch 1
-    outs = llm.generate(PROMPTS, GREEDY)
-    assert [o.outputs[0].token_ids for o in outs] == reference
-    stats = llm.spec_stats()
-    assert stats["spec_steps"] > 0 and stats["accepted"] > 0  # it really speculated
+    assert_speculation_gives(llm, PROMPTS, reference, alone=3, batches=(8,))
 
 
 @needs_kernels
