@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 
-.PHONY: run test test-all test-browser lint bench clean llamacpp llamacpp-spec constraints
+.PHONY: run test test-all test-browser lint bench clean llamacpp llamacpp-spec llamacpp-server constraints
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 $(BIN)/python:
@@ -55,22 +55,34 @@ bench: $(DEVSTAMP)
 llamacpp: $(DEVSTAMP)
 	$(PIP) -e '.[llamacpp]'
 
-# llama.cpp's own speculative decoding (llama-speculative-simple: a target and a draft model, -md), the
-# peer of `python bench/llamacpp_spec.py`: built from the llama.cpp sources that llama-cpp-python's
-# source package carries (the version `make llamacpp` installs), without curl, tests or the server.
-# About 6 minutes on 2 cores; the binaries land in build/llamacpp/bin.
+# llama.cpp's own binaries, built from the llama.cpp sources that llama-cpp-python's source package
+# carries (the version `make llamacpp` installs), without curl, tests or the web UI (nothing is
+# downloaded but that package); the binaries land in build/llamacpp/bin. Each takes about 6 minutes
+# on 2 cores.
+# - llamacpp-spec: llama-speculative-simple (a target and a draft model, -md), the peer of
+#   `python bench/pair_spec.py`;
+# - llamacpp-server: llama-server (parallel slots, continuous batching), the peer of `specserve bench
+#   serve --peers llama-server`.
 LLAMACPP_PY := 0.3.36
-LLAMACPP_SRC := build/llamacpp/llama_cpp_python-$(LLAMACPP_PY)/vendor/llama.cpp
+LLAMACPP_DIR := build/llamacpp/llama_cpp_python-$(LLAMACPP_PY)
+LLAMACPP_SRC := $(LLAMACPP_DIR)/vendor/llama.cpp
 llamacpp-spec: build/llamacpp/bin/llama-speculative-simple
+llamacpp-server: build/llamacpp/bin/llama-server
 
-build/llamacpp/bin/llama-speculative-simple: $(DEVSTAMP)
+$(LLAMACPP_SRC)/CMakeLists.txt: $(DEVSTAMP)
 	mkdir -p build/llamacpp/bin
 	$(BIN)/pip download -q --no-binary :all: --no-deps llama-cpp-python==$(LLAMACPP_PY) -d build/llamacpp
 	tar xzf build/llamacpp/llama_cpp_python-$(LLAMACPP_PY).tar.gz -C build/llamacpp
+	touch $@
+
+build/llamacpp/build/CMakeCache.txt: $(LLAMACPP_SRC)/CMakeLists.txt
 	cmake -S $(LLAMACPP_SRC) -B build/llamacpp/build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF
-	cmake --build build/llamacpp/build --target llama-speculative-simple -j2
-	cp build/llamacpp/build/bin/llama-speculative-simple build/llamacpp/bin/
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+		-DBUILD_SHARED_LIBS=OFF
+
+build/llamacpp/bin/%: build/llamacpp/build/CMakeCache.txt
+	cmake --build build/llamacpp/build --target $* -j2
+	cp build/llamacpp/build/bin/$* build/llamacpp/bin/
 
 clean:
 	rm -rf $(VENV) build *.egg-info

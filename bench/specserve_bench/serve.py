@@ -9,6 +9,12 @@ lengths drawn from a lognormal per kind (code median 13 tokens, chat median 129,
 not on this machine), temperature 0, ignore_eos so each request generates exactly its drawn length.
 Reports TTFT / TPOT / ITL p50 and p99, throughput and goodput (requests/s meeting both SLOs) per
 rate and mode; writes JSON, markdown and a PNG under --out.
+
+Peers (`--peers llama-server`) take the same arrivals in the same run: llama.cpp's own server on the
+same GGUF file (`make llamacpp-server` builds it; `$LLAMA_SERVER` names another binary), with
+continuous batching over 16 slots sharing one KV pool, its chat template rendered by its Jinja engine
+as specserve renders it, and weight repacking off as bench/peers.py runs llama.cpp (it segfaults on
+some VMs).
 """
 from __future__ import annotations
 
@@ -17,6 +23,8 @@ import json
 import math
 import os
 import random
+import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -33,6 +41,9 @@ MODES = {  # name -> `specserve serve` speculation flags
     "forced": ["--no-fallback"],
     "auto": [],
 }
+PEERS = ("llama-server",)
+LLAMA_SERVER_SLOTS, LLAMA_SERVER_CONTEXT = 16, 16384  # slots, and the tokens of the KV pool they share
+_BUILT = os.path.join(os.path.dirname(__file__), "..", "..", "build", "llamacpp", "bin", "llama-server")
 
 
 def _pct(xs: list[float], q: float) -> Optional[float]:
@@ -115,24 +126,60 @@ def run_rate(url: str, model: str, reqs: list[dict], slo_ttft: float, slo_tpot: 
             "tpot_p99_s": _pct(tpot, 0.99), "itl_p50_s": _pct(itl, 0.5), "itl_p99_s": _pct(itl, 0.99)}
 
 
-def _start_server(flags: list[str]) -> tuple[subprocess.Popen, str]:
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "specserve.cli.main", "serve", "--port", str(port),
-                             "--max-concurrent-requests", "1024", *flags], stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+        return s.getsockname()[1]
+
+
+def _wait_up(proc: subprocess.Popen, url: str, what: str, log: Optional[str] = None) -> None:
+    """Until `url`/health answers 200 (llama-server answers 503 while it loads), at most 300 s."""
     deadline = time.time() + 300
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode} (flags {flags})")
+            tail = open(log, errors="replace").read()[-600:] if log else ""
+            raise RuntimeError(f"{what} exited with {proc.returncode}{': ' + tail if tail else ''}")
         try:
             urllib.request.urlopen(url + "/health", timeout=2)
-            return proc, url + "/v1"
+            return
         except OSError:
             time.sleep(0.5)
     proc.kill()
-    raise RuntimeError("the server did not come up within 300 s")
+    raise RuntimeError(f"{what} did not come up within 300 s")
+
+
+def _start_server(flags: list[str]) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specserve.cli.main", "serve", "--port", str(port),
+                             "--max-concurrent-requests", "1024", *flags], stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    _wait_up(proc, url, f"the server (flags {flags})")
+    return proc, url + "/v1"
+
+
+def llama_server_binary() -> Optional[str]:
+    """$LLAMA_SERVER, else the one `make llamacpp-server` built, else one on PATH (None: not installed)."""
+    for path in (os.environ.get("LLAMA_SERVER"), os.path.normpath(_BUILT), shutil.which("llama-server")):
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _start_llama_server(binary: str, gguf: str, log: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(os.cpu_count()),
+           "-np", str(LLAMA_SERVER_SLOTS), "--kv-unified", "-c", str(LLAMA_SERVER_CONTEXT), "--jinja", "--no-repack",
+           "--no-webui"]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    _wait_up(proc, url, "llama-server", log)
+    return proc, url + "/v1"
+
+
+def _version(binary: str) -> str:
+    p = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    return " ".join((p.stdout + p.stderr).split())[:200]
 
 
 def _spec_metrics(url: str) -> dict:
@@ -146,37 +193,70 @@ def _spec_metrics(url: str) -> dict:
     return out
 
 
+def _run_rates(name: str, url: str, args, rates: list[float], metrics: bool) -> dict:
+    """Every rate's load against one running server (after a short warm-up)."""
+    model = json.loads(urllib.request.urlopen(url + "/models", timeout=30).read())["data"][0]["id"]
+    run_rate(url, model, workload(1.0, 3.0, args.arrivals, args.cv, 8, 0), args.slo_ttft, args.slo_tpot)  # warm-up
+    out = {}
+    for rate in rates:
+        before = _spec_metrics(url) if metrics else {}
+        reqs = workload(rate, args.duration, args.arrivals, args.cv, args.max_tokens, args.seed)
+        r = run_rate(url, model, reqs, args.slo_ttft, args.slo_tpot)
+        after = _spec_metrics(url) if metrics else {}
+        r["spec"] = {k: after[k] - before.get(k, 0.0) for k in after}
+        out[str(rate)] = r
+        print(f"{name:12s} rate {rate:5.2f}/s: goodput {r['goodput_req_s']:.3f} req/s, TTFT p50 {r['ttft_p50_s']}, "
+              f"TPOT p50 {r['tpot_p50_s']}, errors {r['errors']}", flush=True)
+    return out
+
+
 def run_serve_bench(args) -> dict:
     rates = [float(r) for r in args.rates.split(",")]
-    modes = args.modes.split(",")
+    modes = [m for m in args.modes.split(",") if m]  # empty: the peers alone
     for m in modes:
         if m not in MODES:
             raise ValueError(f"unknown mode {m!r} (known: {', '.join(MODES)})")
-    base = ["--model", args.model] if args.model else []
+    peers = [p for p in (args.peers or "").split(",") if p]
+    for p in peers:
+        if p not in PEERS:
+            raise ValueError(f"unknown peer {p!r} (known: {', '.join(PEERS)})")
+    binary = llama_server_binary() if peers else None
+    if peers and binary is None:
+        raise RuntimeError("llama-server is not installed: `make llamacpp-server` builds it (or set $LLAMA_SERVER)")
+    gguf = None
+    if peers:
+        from specserve.loading import resolve_model_path
+        gguf = resolve_model_path(args.model)
+        if not gguf.endswith(".gguf"):
+            raise ValueError(f"llama-server serves GGUF files; {gguf} is not one")
+    base = (["--model", args.model] if args.model else []) + shlex.split(args.serve_args or "")
     spec = ["--speculative", args.speculative] if args.speculative != "none" else []
     results: dict = {}
     for mode in modes:
         flags = base + (MODES[mode] if mode == "regular" else spec + MODES[mode])
         proc, url = _start_server(flags)
         try:
-            model = json.loads(urllib.request.urlopen(url + "/models", timeout=30).read())["data"][0]["id"]
-            run_rate(url, model, workload(1.0, 3.0, args.arrivals, args.cv, 8, 0), args.slo_ttft, args.slo_tpot)  # warm-up
-            for rate in rates:
-                before = _spec_metrics(url)
-                reqs = workload(rate, args.duration, args.arrivals, args.cv, args.max_tokens, args.seed)
-                r = run_rate(url, model, reqs, args.slo_ttft, args.slo_tpot)
-                after = _spec_metrics(url)
-                r["spec"] = {k: after[k] - before.get(k, 0.0) for k in after}
-                results.setdefault(mode, {})[str(rate)] = r
-                print(f"{mode:8s} rate {rate:5.2f}/s: goodput {r['goodput_req_s']:.3f} req/s, TTFT p50 {r['ttft_p50_s']}, "
-                      f"TPOT p50 {r['tpot_p50_s']}, errors {r['errors']}", flush=True)
+            results[mode] = _run_rates(mode, url, args, rates, metrics=True)
         finally:
             proc.terminate()
             proc.wait(30)
+    peer_info = {}
+    for peer in peers:  # only llama-server so far
+        os.makedirs(args.out, exist_ok=True)
+        log = os.path.join(args.out, ".llama-server.log")
+        proc, url = _start_llama_server(binary, gguf, log)
+        try:
+            results[peer] = _run_rates(peer, url, args, rates, metrics=False)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            os.remove(log)
+        peer_info[peer] = {"binary": binary, "version": _version(binary), "slots": LLAMA_SERVER_SLOTS,
+                           "kv_pool_tokens": LLAMA_SERVER_CONTEXT}
     out = {"machine": {**machine.cpu(), "cores": os.cpu_count()},
-           "settings": {k: getattr(args, k) for k in ("rates", "modes", "duration", "arrivals", "cv", "max_tokens", "slo_ttft",
-                                                      "slo_tpot", "speculative", "seed")},
-           "results": results}
+           "settings": {k: getattr(args, k) for k in ("rates", "modes", "peers", "serve_args", "model", "duration", "arrivals",
+                                                      "cv", "max_tokens", "slo_ttft", "slo_tpot", "speculative", "seed")},
+           "peers": peer_info, "results": results}
     _write(out, args.out)
     return out
 
@@ -191,7 +271,10 @@ def _write(out: dict, folder: str) -> None:
     lines = [f"# bench serve ({stamp})", "",
              f"CPU: {m['cpu']}, {m['cores']} cores, flags {' '.join(m['flags'])}. {s['arrivals']} arrivals (cv {s['cv']}), "
              f"{s['duration']} s per rate, drafter `{s['speculative']}`, SLO: TTFT <= {s['slo_ttft']} s and TPOT <= "
-             f"{s['slo_tpot']} s. `specserve bench serve --rates {s['rates']} --duration {s['duration']}`", "",
+             f"{s['slo_tpot']} s. Model `{s.get('model') or 'embedded'}`, server flags `{s.get('serve_args') or ''}`. "
+             f"`specserve bench serve --rates {s['rates']} --duration {s['duration']} --max-tokens {s['max_tokens']}`", "",
+             *[f"Peer {p}: {i['version']}, {i['slots']} slots sharing a KV pool of {i['kv_pool_tokens']} tokens, "
+               "continuous batching, repacking off." for p, i in out.get("peers", {}).items()], "",
              "| mode | rate (req/s) | goodput (req/s) | SLO attained | tokens/s | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) "
              "| ITL p50 / p99 (ms) | drafted / accepted | plain steps | errors |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -199,11 +282,12 @@ def _write(out: dict, folder: str) -> None:
     for mode, by_rate in out["results"].items():
         for rate, r in by_rate.items():
             sp = r.get("spec", {})
+            drafted = (f"{int(sp.get('spec_decode_num_draft_tokens', 0))} / {int(sp.get('spec_decode_num_accepted_tokens', 0))}"
+                       if sp else "-")
             lines.append(f"| {mode} | {rate} | {r['goodput_req_s']:.3f} | {fmt(r['slo_attainment'])} | {r['throughput_tok_s']} | "
                          f"{fmt(r['ttft_p50_s'])} / {fmt(r['ttft_p99_s'])} | {fmt(r['tpot_p50_s'], 1e3, 1)} / "
                          f"{fmt(r['tpot_p99_s'], 1e3, 1)} | {fmt(r['itl_p50_s'], 1e3, 1)} / {fmt(r['itl_p99_s'], 1e3, 1)} | "
-                         f"{int(sp.get('spec_decode_num_draft_tokens', 0))} / {int(sp.get('spec_decode_num_accepted_tokens', 0))} | "
-                         f"{int(sp.get('spec_decode_fallback_steps', 0))} | {r['errors']} |")
+                         f"{drafted} | {int(sp.get('spec_decode_fallback_steps', 0)) if sp else '-'} | {r['errors']} |")
     with open(path + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     try:

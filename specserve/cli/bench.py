@@ -28,6 +28,10 @@ def _serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-tpot", type=positive_float, default=0.1, help="goodput SLO: time per output token, s")
     p.add_argument("--speculative", choices=DRAFTERS.names(), default="draft", help="the drafter of forced and auto")
     p.add_argument("--model", type=model_path, default=None)
+    p.add_argument("--serve-args", default="",
+                   help="more `specserve serve` flags for every mode, e.g. --serve-args='--activations int8'")
+    p.add_argument("--peers", default="", help="peers under the same load in the same run: llama-server "
+                   "(`make llamacpp-server`; 16 slots, the same GGUF file)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results")
 

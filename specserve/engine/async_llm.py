@@ -78,8 +78,32 @@ def _delta(r: Request, index: int, text: str, sent: int) -> StreamDelta:
 
 class AsyncLLM:
     def __init__(self, *args, **kwargs):
-        # An LLM of its own: its engine is stepped by this object's thread only.
-        self._llm = LLM(*args, **kwargs)
+        # An LLM of its own, built on the thread that steps it. libgomp keeps a pool of OpenMP threads
+        # per thread that runs parallel regions; while the pools' threads outnumber the cores, every
+        # worker sleeps after ~100 spins instead of waiting for the next region, and each of a step's
+        # hundreds of regions pays a wake-up. Loading on the caller's thread left its pool beside the
+        # stepping thread's: a served token took 1.6x what LLM.generate takes on 2 cores, and the
+        # thread governor, seeing the sleeping workers' lost CPU time, then fell back to one thread
+        # (docs/decisions.md#engine-thread). So the caller's thread runs no torch work of the engine.
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", key, ids, params, stream) | ("abort", key)
+        self._wake = threading.Event()
+        self._keys = itertools.count()
+        self._streams: dict[str, _Stream] = {}  # request_id -> stream; loop thread only
+        self._by_request: dict[str, tuple[str, _Stream]] = {}  # engine request id -> (request_id, stream); loop thread only
+        self._ids: set[str] = set()  # request_ids of running generate calls (callers' side)
+        self._ids_lock = threading.Lock()
+        self._closed = False
+        self._dead: Optional[BaseException] = None
+        built: queue.SimpleQueue = queue.SimpleQueue()  # the LLM, or the exception that stopped it
+        self._go = threading.Event()  # set once this object is complete: the loop may start
+        self._thread = threading.Thread(target=self._main, args=(args, kwargs, built), name="specserve-engine",
+                                        daemon=True)
+        self._thread.start()
+        llm = built.get()
+        if isinstance(llm, BaseException):
+            self._thread.join()
+            raise llm
+        self._llm = llm
         self.engine = self._llm.engine
         self.tokenizer = self._llm.tokenizer
         self.config = self._llm.config
@@ -91,18 +115,8 @@ class AsyncLLM:
         asked = self.config.model.model
         self.model_name = asked if asked in MODELS and not os.path.exists(asked) else \
             os.path.splitext(os.path.basename(os.path.normpath(self.engine.model_path)))[0]
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", key, ids, params, stream) | ("abort", key)
-        self._wake = threading.Event()
-        self._keys = itertools.count()
-        self._streams: dict[str, _Stream] = {}  # request_id -> stream; loop thread only
-        self._by_request: dict[str, tuple[str, _Stream]] = {}  # engine request id -> (request_id, stream); loop thread only
-        self._ids: set[str] = set()  # request_ids of running generate calls (callers' side)
-        self._ids_lock = threading.Lock()
-        self._closed = False
-        self._dead: Optional[BaseException] = None
         self.stats = EngineStats(kv_blocks_total=self.engine.scheduler.blocks.num_blocks)
-        self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
-        self._thread.start()
+        self._go.set()
 
     # --- callers' side ------------------------------------------------------------------------
     def encode(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
@@ -177,6 +191,16 @@ class AsyncLLM:
         self._wake.set()
 
     # --- the loop thread ----------------------------------------------------------------------
+    def _main(self, args: tuple, kwargs: dict, built: queue.SimpleQueue) -> None:
+        try:
+            llm = LLM(*args, **kwargs)
+        except BaseException as e:  # raised again by the constructor, on the caller's thread
+            built.put(e)
+            return
+        built.put(llm)
+        self._go.wait()
+        self._run()
+
     def _run(self) -> None:
         eng = self.engine
         try:

@@ -54,3 +54,38 @@ def test_the_governed_thread_count_is_what_metrics_reads(torch_threads):
     value, governor = serve_and_read()
     # on one core there is nothing to govern: torch's own count is the engine's
     assert value == (governor.threads if governor is not None else torch.get_num_threads()) and value >= 1
+
+
+def test_the_engine_is_built_on_the_thread_that_steps_it(monkeypatch):
+    """libgomp keeps an OpenMP pool per thread that runs parallel regions; a model loaded on the
+    caller's thread left a second pool beside the stepping thread's, and served tokens took 1.6x
+    LLM.generate's time (docs/decisions.md#engine-thread). The caller's thread must run none of it."""
+    import threading
+
+    from specserve.engine import async_llm
+
+    built_on = []
+
+    class Recording(async_llm.LLM):
+        def __init__(self, *args, **kwargs):
+            built_on.append(threading.current_thread())
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(async_llm, "LLM", Recording)
+    llm = async_llm.AsyncLLM(kv_cache_gib=0.125, max_model_len=256)
+    try:
+        assert built_on == [llm._thread] and built_on[0] is not threading.current_thread()
+        assert llm.tokenizer.decode(llm.encode("def add(a, b):"))  # and the object is whole
+    finally:
+        llm.shutdown()
+
+
+def test_a_model_that_cannot_load_raises_from_the_constructor_and_leaves_no_thread():
+    import threading
+
+    from specserve import AsyncLLM
+
+    before = {t for t in threading.enumerate() if t.name == "specserve-engine"}
+    with pytest.raises(FileNotFoundError, match="no-such-model.gguf"):
+        AsyncLLM("/nonexistent/no-such-model.gguf")
+    assert {t for t in threading.enumerate() if t.name == "specserve-engine"} == before
