@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import numbers
 import threading
+import warnings
 from typing import Callable, Optional, Sequence, Union
 
+import torch
 from tqdm.auto import tqdm
 
 from ..config import CacheConfig, EngineConfig, GuidedConfig, LoadConfig, ModelConfig, SchedulerConfig, SpeculativeConfig
@@ -93,18 +95,32 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._lock = threading.Lock()
         self._owner: Optional[int] = None  # the thread inside generate
+        self._built_on = threading.get_ident()
+        self._warned_thread = self.engine.device.type != "cpu" or torch.get_num_threads() < 2  # nothing to warn of
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]], params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = False, on_text: Optional[TextCallback] = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. A prompt is a string or a list of token ids."""
         if self._owner == threading.get_ident():
             raise RuntimeError("LLM.generate was called from inside its own on_text callback; call it after generate returns")
+        self._warn_if_off_thread()
         with self._lock:  # one call at a time from any number of threads: steps never interleave
             self._owner = threading.get_ident()
             try:
                 return self._generate(prompts, params, use_tqdm, on_text)
             finally:
                 self._owner = None
+
+    def _warn_if_off_thread(self) -> None:
+        """Once: steps on another thread than the one that built this LLM run slower on CPU. libgomp
+        keeps an OpenMP pool per thread, and while the pools outnumber the cores its threads sleep
+        between a step's parallel regions (1.6x slower on 2 cores: docs/decisions.md#engine-thread)."""
+        if self._warned_thread or threading.get_ident() == self._built_on:
+            return
+        self._warned_thread = True
+        warnings.warn("LLM.generate runs on another thread than the one that built this LLM: on CPU its steps are up to "
+                      "~1.6x slower there (each thread keeps its own OpenMP pool). Call it from the thread that built "
+                      "the LLM, or use AsyncLLM, which steps on the thread it builds on.", RuntimeWarning, stacklevel=3)
 
     def _generate(self, prompts, params, use_tqdm: bool, on_text: Optional[TextCallback]) -> list[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], numbers.Integral)):
