@@ -186,45 +186,36 @@ def test_eight_threads_sharing_one_llm_get_what_each_call_gets_alone(embedded_ll
 def test_generate_off_the_building_thread_warns_once_and_answers_the_same():
     """Steps on another thread than the LLM's builder run slower on CPU (a second OpenMP pool:
     docs/decisions.md#engine-thread): say so once, pointing at AsyncLLM; the tokens do not change."""
-    import warnings
-
     import torch
-    if torch.get_num_threads() < 2:
-        pytest.skip("one thread: no OpenMP pool beside the builder's")
     before = torch.get_num_threads()
-    llm = LLM(kv_cache_gib=0.125, max_model_len=256)
-    pinned = LLM(kv_cache_gib=0.125, max_model_len=256, num_threads=1)  # one thread: no pool, nothing to say
-    torch.set_num_threads(before)  # the pin is process-wide: give the rest of the tests their threads back
-    params = SamplingParams(temperature=0, max_tokens=4)
-    with warnings.catch_warnings(record=True) as here:
-        warnings.simplefilter("always")
-        alone = llm.generate("def f(x):", params)[0].outputs[0].token_ids
-    assert not [w for w in here if issubclass(w.category, RuntimeWarning)]
-    caught, out = [], []
-
-    def off_thread():
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            for _ in range(2):
-                out.append(llm.generate("def f(x):", params)[0].outputs[0].token_ids)
-        caught.extend(w)
-
-    th = threading.Thread(target=off_thread)
-    th.start()
-    th.join(300)
-    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
-    assert len(said) == 1 and "AsyncLLM" in said[0] and "another thread" in said[0]
-    assert out == [alone, alone]
-    caught.clear()
-    th = threading.Thread(target=lambda: caught.extend(_warnings_of(pinned.generate, "def f(x):", params)))
-    th.start()
-    th.join(300)
-    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    try:  # pinned counts (the governor of a shared LLM may have left the process at one thread)
+        pinned = LLM(kv_cache_gib=0.125, max_model_len=256, num_threads=1)  # one thread: no pool, nothing to say
+        llm = LLM(kv_cache_gib=0.125, max_model_len=256, num_threads=2)
+        params = SamplingParams(temperature=0, max_tokens=4)
+        ids = lambda m: m.generate("def f(x):", params)[0].outputs[0].token_ids  # noqa: E731
+        said, alone = _warned_while(ids, llm)
+        assert said == []  # on the building thread
+        off = _on_a_thread(lambda: [_warned_while(ids, llm) for _ in range(2)])
+        assert len(off[0][0]) == 1 and "AsyncLLM" in off[0][0][0] and "another thread" in off[0][0][0]
+        assert off[1][0] == []  # once
+        assert [out for _, out in off] == [alone, alone]
+        assert _on_a_thread(lambda: _warned_while(ids, pinned))[0] == []
+    finally:
+        torch.set_num_threads(before)  # the pins are process-wide: give the next tests their threads back
 
 
-def _warnings_of(fn, *args):
+def _warned_while(fn, *args):
+    """(the RuntimeWarnings' messages, fn's result)."""
     import warnings
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        fn(*args)
-    return w
+        out = fn(*args)
+    return [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)], out
+
+
+def _on_a_thread(fn):
+    box = []
+    th = threading.Thread(target=lambda: box.append(fn()))
+    th.start()
+    th.join(300)
+    return box[0]
