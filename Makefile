@@ -69,7 +69,9 @@ LLAMACPP_SRC := $(LLAMACPP_DIR)/vendor/llama.cpp
 llamacpp-spec: build/llamacpp/bin/llama-speculative-simple
 llamacpp-server: build/llamacpp/bin/llama-server
 
-$(LLAMACPP_SRC)/CMakeLists.txt: $(DEVSTAMP)
+# One build folder for both: built one at a time (`make -j` would run two cmake builds in it at once).
+.NOTPARALLEL: llamacpp-spec llamacpp-server
+$(LLAMACPP_SRC)/CMakeLists.txt: | $(DEVSTAMP)
 	mkdir -p build/llamacpp/bin
 	$(BIN)/pip download -q --no-binary :all: --no-deps llama-cpp-python==$(LLAMACPP_PY) -d build/llamacpp
 	tar xzf build/llamacpp/llama_cpp_python-$(LLAMACPP_PY).tar.gz -C build/llamacpp

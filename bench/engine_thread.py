@@ -9,8 +9,9 @@ interpreter, in turns:
 - `same`: LLM.generate on the thread that loaded the model (the offline API);
 - `other`: LLM.generate on a second thread, the loading thread's pool still alive (AsyncLLM before);
 - `async`: AsyncLLM as it is now (built on the thread that steps it).
-Each reports the median ms per decoded token of --reps greedy generations (after a warm-up) and the
-thread count the governor (engine/threads.py) ended on.
+Each reports the median ms per decoded token of --reps greedy generations (after a warm-up: the
+engine's own per-token figure for `same` and `other`, the time between the first and last streamed
+deltas for `async`) and the thread count the governor (engine/threads.py) ended on.
 
     python bench/engine_thread.py [--model qwen2.5-coder-1.5b] [--activations int8] [--rounds 2]
 """
@@ -93,7 +94,8 @@ def main() -> None:
     lines = [f"# Which thread steps the engine ({stamp})", "",
              f"CPU: {m['cpu']}, {os.cpu_count()} cores, flags {' '.join(m['flags'])}. Model `{args.model or 'embedded'}`, "
              f"{args.activations} activations, {args.tokens} greedy tokens, median of {args.reps} per turn, "
-             f"{args.rounds} turns. `python bench/engine_thread.py --model {args.model} --activations {args.activations}`", "",
+             f"{args.rounds} turns. `python bench/engine_thread.py{' --model ' + args.model if args.model else ''} "
+             f"--activations {args.activations}`", "",
              "| variant | ms per token, each turn | threads the governor ended on |", "|---|---|---|"]
     names = {"same": "LLM.generate on the loading thread", "other": "LLM.generate on another thread (AsyncLLM before)",
              "async": "AsyncLLM now (built on its stepping thread)"}

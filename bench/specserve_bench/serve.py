@@ -12,9 +12,10 @@ rate and mode; writes JSON, markdown and a PNG under --out.
 
 Peers (`--peers llama-server`) take the same arrivals in the same run: llama.cpp's own server on the
 same GGUF file (`make llamacpp-server` builds it; `$LLAMA_SERVER` names another binary), with
-continuous batching over 16 slots sharing one KV pool, its chat template rendered by its Jinja engine
-as specserve renders it, and weight repacking off as bench/peers.py runs llama.cpp (it segfaults on
-some VMs).
+continuous batching over 16 slots sharing one KV pool, and its chat template rendered by its Jinja
+engine as specserve renders it. As bench/peers.py runs llama.cpp: with its weight repacking first (its
+AVX2 / AVX-512 layouts), and without it where that fails to start (its AMX repacking segfaults on
+some VMs; `bench/specserve_bench/peers.py`).
 """
 from __future__ import annotations
 
@@ -89,7 +90,9 @@ async def _one(client, model: str, req: dict, t_start: float, res: list) -> None
                                                           max_tokens=req["max_tokens"], temperature=0, stream=True,
                                                           extra_body=extra, stream_options={"include_usage": True})
         async for c in stream:
-            if c.choices:
+            # a chunk that carries text (as vLLM's bench times them): not a role-only first chunk or an
+            # empty last one, which some servers send apart
+            if c.choices and (c.choices[0].text if req["kind"] == "code" else c.choices[0].delta.content):
                 stamps.append((time.perf_counter(), 0))
             if getattr(c, "usage", None) is not None:
                 tokens = c.usage.completion_tokens
@@ -132,13 +135,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class ServerExited(RuntimeError):
+    """The server's process ended before it answered /health."""
+
+
 def _wait_up(proc: subprocess.Popen, url: str, what: str, log: Optional[str] = None) -> None:
     """Until `url`/health answers 200 (llama-server answers 503 while it loads), at most 300 s."""
     deadline = time.time() + 300
     while time.time() < deadline:
         if proc.poll() is not None:
             tail = open(log, errors="replace").read()[-600:] if log else ""
-            raise RuntimeError(f"{what} exited with {proc.returncode}{': ' + tail if tail else ''}")
+            raise ServerExited(f"{what} exited with {proc.returncode}{': ' + tail if tail else ''}")
         try:
             urllib.request.urlopen(url + "/health", timeout=2)
             return
@@ -165,16 +172,25 @@ def llama_server_binary() -> Optional[str]:
     return None
 
 
-def _start_llama_server(binary: str, gguf: str, log: str) -> tuple[subprocess.Popen, str]:
+def _start_llama_server(binary: str, gguf: str, log: str, repack: bool) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(os.cpu_count()),
-           "-np", str(LLAMA_SERVER_SLOTS), "--kv-unified", "-c", str(LLAMA_SERVER_CONTEXT), "--jinja", "--no-repack",
-           "--no-webui"]
+           "-np", str(LLAMA_SERVER_SLOTS), "--kv-unified", "-c", str(LLAMA_SERVER_CONTEXT), "--jinja",
+           "--repack" if repack else "--no-repack", "--no-webui"]
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     _wait_up(proc, url, "llama-server", log)
     return proc, url + "/v1"
+
+
+def _start_peer(binary: str, gguf: str, log: str) -> tuple[subprocess.Popen, str, bool]:
+    """llama-server with its weight repacking, or without it if it exits on start: (process, url, repack)."""
+    try:
+        return (*_start_llama_server(binary, gguf, log, repack=True), True)
+    except ServerExited as e:
+        print(f"llama-server with repacking did not start ({str(e)[:200]}); again without", flush=True)
+    return (*_start_llama_server(binary, gguf, log, repack=False), False)
 
 
 def _version(binary: str) -> str:
@@ -244,15 +260,15 @@ def run_serve_bench(args) -> dict:
     for peer in peers:  # only llama-server so far
         os.makedirs(args.out, exist_ok=True)
         log = os.path.join(args.out, ".llama-server.log")
-        proc, url = _start_llama_server(binary, gguf, log)
+        proc, url, repack = _start_peer(binary, gguf, log)  # its log stays where a start fails
         try:
             results[peer] = _run_rates(peer, url, args, rates, metrics=False)
         finally:
             proc.terminate()
             proc.wait(30)
-            os.remove(log)
+        os.remove(log)
         peer_info[peer] = {"binary": binary, "version": _version(binary), "slots": LLAMA_SERVER_SLOTS,
-                           "kv_pool_tokens": LLAMA_SERVER_CONTEXT}
+                           "kv_pool_tokens": LLAMA_SERVER_CONTEXT, "repack": repack}
     out = {"machine": {**machine.cpu(), "cores": os.cpu_count()},
            "settings": {k: getattr(args, k) for k in ("rates", "modes", "peers", "serve_args", "model", "duration", "arrivals",
                                                       "cv", "max_tokens", "slo_ttft", "slo_tpot", "speculative", "seed")},
@@ -274,7 +290,8 @@ def _write(out: dict, folder: str) -> None:
              f"{s['slo_tpot']} s. Model `{s.get('model') or 'embedded'}`, server flags `{s.get('serve_args') or ''}`. "
              f"`specserve bench serve --rates {s['rates']} --duration {s['duration']} --max-tokens {s['max_tokens']}`", "",
              *[f"Peer {p}: {i['version']}, {i['slots']} slots sharing a KV pool of {i['kv_pool_tokens']} tokens, "
-               "continuous batching, repacking off." for p, i in out.get("peers", {}).items()], "",
+               f"continuous batching, weight repacking {'on' if i.get('repack') else 'off'}."
+               for p, i in out.get("peers", {}).items()], "",
              "| mode | rate (req/s) | goodput (req/s) | SLO attained | tokens/s | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) "
              "| ITL p50 / p99 (ms) | drafted / accepted | plain steps | errors |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -99,24 +99,29 @@ class AsyncLLM:
         self._thread = threading.Thread(target=self._main, args=(args, kwargs, built), name="specserve-engine",
                                         daemon=True)
         self._thread.start()
-        llm = built.get()
-        if isinstance(llm, BaseException):
-            self._thread.join()
-            raise llm
-        self._llm = llm
-        self.engine = self._llm.engine
-        self.tokenizer = self._llm.tokenizer
-        self.config = self._llm.config
-        self.max_model_len = self.engine.max_model_len
-        bm = self.engine.scheduler.blocks
-        self.cache_tokens = bm.num_blocks * bm.block_size  # the longest sequence the KV cache can hold
-        # A known model is served under the name it was asked for (as vLLM serves --model's argument);
-        # a file or directory under its base name.
-        asked = self.config.model.model
-        self.model_name = asked if asked in MODELS and not os.path.exists(asked) else \
-            os.path.splitext(os.path.basename(os.path.normpath(self.engine.model_path)))[0]
-        self.stats = EngineStats(kv_blocks_total=self.engine.scheduler.blocks.num_blocks)
-        self._go.set()
+        try:
+            llm = built.get()
+            if isinstance(llm, BaseException):
+                self._thread.join()
+                raise llm
+            self._llm = llm
+            self.engine = self._llm.engine
+            self.tokenizer = self._llm.tokenizer
+            self.config = self._llm.config
+            self.max_model_len = self.engine.max_model_len
+            bm = self.engine.scheduler.blocks
+            self.cache_tokens = bm.num_blocks * bm.block_size  # the longest sequence the KV cache can hold
+            # A known model is served under the name it was asked for (as vLLM serves --model's argument);
+            # a file or directory under its base name.
+            asked = self.config.model.model
+            self.model_name = asked if asked in MODELS and not os.path.exists(asked) else \
+                os.path.splitext(os.path.basename(os.path.normpath(self.engine.model_path)))[0]
+            self.stats = EngineStats(kv_blocks_total=self.engine.scheduler.blocks.num_blocks)
+        except BaseException:  # Ctrl-C while it loads, or a failure above: the thread ends once loaded
+            self._closed = True
+            raise
+        finally:
+            self._go.set()
 
     # --- callers' side ------------------------------------------------------------------------
     def encode(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
@@ -199,7 +204,8 @@ class AsyncLLM:
             return
         built.put(llm)
         self._go.wait()
-        self._run()
+        if not self._closed:  # the constructor gave up (Ctrl-C, an error): drop the model, end the thread
+            self._run()
 
     def _run(self) -> None:
         eng = self.engine

@@ -95,7 +95,7 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._lock = threading.Lock()
         self._owner: Optional[int] = None  # the thread inside generate
-        self._built_on = threading.get_ident()
+        self._builder = threading.current_thread()  # its OpenMP pool lives as long as it does
         self._warned_thread = self.engine.device.type != "cpu" or torch.get_num_threads() < 2  # nothing to warn of
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]], params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
@@ -115,7 +115,7 @@ class LLM:
         """Once: steps on another thread than the one that built this LLM run slower on CPU. libgomp
         keeps an OpenMP pool per thread, and while the pools outnumber the cores its threads sleep
         between a step's parallel regions (1.6x slower on 2 cores: docs/decisions.md#engine-thread)."""
-        if self._warned_thread or threading.get_ident() == self._built_on:
+        if self._warned_thread or threading.current_thread() is self._builder or not self._builder.is_alive():
             return
         self._warned_thread = True
         warnings.warn("LLM.generate runs on another thread than the one that built this LLM: on CPU its steps are up to "

@@ -214,8 +214,17 @@ def _warned_while(fn, *args):
 
 
 def _on_a_thread(fn):
-    box = []
-    th = threading.Thread(target=lambda: box.append(fn()))
+    box, errors = [], []
+
+    def run():
+        try:
+            box.append(fn())
+        except BaseException as e:  # raised again here, not lost with the thread
+            errors.append(e)
+
+    th = threading.Thread(target=run)
     th.start()
     th.join(300)
+    if errors:
+        raise errors[0]
     return box[0]

@@ -89,3 +89,23 @@ def test_a_model_that_cannot_load_raises_from_the_constructor_and_leaves_no_thre
     with pytest.raises(FileNotFoundError, match="no-such-model.gguf"):
         AsyncLLM("/nonexistent/no-such-model.gguf")
     assert {t for t in threading.enumerate() if t.name == "specserve-engine"} == before
+
+
+def test_a_constructor_that_gives_up_after_the_load_ends_the_engine_thread(monkeypatch):
+    """Ctrl-C or an error between the load and the loop's start: the thread that holds the model
+    must end (not wait forever for a loop that never starts)."""
+    import threading
+
+    from specserve.engine import async_llm
+
+    def broken(**_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(async_llm, "EngineStats", broken)
+    before = set(threading.enumerate())
+    with pytest.raises(KeyboardInterrupt):
+        async_llm.AsyncLLM(kv_cache_gib=0.125, max_model_len=256)
+    started = [t for t in threading.enumerate() if t.name == "specserve-engine" and t not in before]
+    for t in started:
+        t.join(30)
+    assert not [t for t in started if t.is_alive()]

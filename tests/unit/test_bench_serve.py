@@ -20,7 +20,7 @@ def test_the_report_gives_a_peer_its_row_without_speculation_counters(tmp_path):
                         "model": "m.gguf", "duration": 60, "arrivals": "poisson", "cv": 1.0, "max_tokens": 128,
                         "slo_ttft": 2.0, "slo_tpot": 0.1, "speculative": "suffix", "seed": 0},
            "peers": {"llama-server": {"binary": "/x/llama-server", "version": "version: 1 (abc)", "slots": 16,
-                                      "kv_pool_tokens": 16384}},
+                                      "kv_pool_tokens": 16384, "repack": True}},
            "results": {"regular": {"0.1": _rate(0.15, spec={"spec_decode_num_draft_tokens": 30.0,
                                                            "spec_decode_num_accepted_tokens": 20.0,
                                                            "spec_decode_fallback_steps": 5.0})},
@@ -31,7 +31,8 @@ def test_the_report_gives_a_peer_its_row_without_speculation_counters(tmp_path):
     assert rows["regular"].endswith("| 30 / 20 | 5 | 0 |")
     assert rows["llama-server"].endswith("| - | - | 0 |")
     assert "0.120" in rows["llama-server"] and "0.150" in rows["regular"]
-    assert "Peer llama-server: version: 1 (abc), 16 slots sharing a KV pool of 16384 tokens" in md
+    assert ("Peer llama-server: version: 1 (abc), 16 slots sharing a KV pool of 16384 tokens, continuous batching, "
+            "weight repacking on.") in md
     assert "server flags `--activations int8`" in md
 
 
@@ -41,8 +42,28 @@ def test_llama_server_is_found_by_its_variable_first(tmp_path, monkeypatch):
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("LLAMA_SERVER", str(fake))
     assert serve.llama_server_binary() == str(fake)
-    monkeypatch.setenv("LLAMA_SERVER", str(tmp_path / "missing"))
-    assert serve.llama_server_binary() != str(tmp_path / "missing")
+
+
+def test_llama_server_starts_without_repacking_only_where_repacking_exits(monkeypatch):
+    started = []
+
+    def fake(binary, gguf, log, repack):
+        started.append(repack)
+        if repack and mode == "exits":
+            raise serve.ServerExited("llama-server exited with -11")
+        if repack and mode == "hangs":
+            raise RuntimeError("llama-server did not come up within 300 s")
+        return "proc", "url"
+
+    monkeypatch.setattr(serve, "_start_llama_server", fake)
+    mode = "starts"
+    assert serve._start_peer("b", "m.gguf", "log") == ("proc", "url", True) and started == [True]
+    mode, started[:] = "exits", []
+    assert serve._start_peer("b", "m.gguf", "log") == ("proc", "url", False) and started == [True, False]
+    mode, started[:] = "hangs", []  # not a crash: no second wait of 300 s
+    with pytest.raises(RuntimeError, match="did not come up"):
+        serve._start_peer("b", "m.gguf", "log")
+    assert started == [True]
 
 
 def _args(**kw):
