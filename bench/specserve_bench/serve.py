@@ -13,9 +13,9 @@ rate and mode; writes JSON, markdown and a PNG under --out.
 Peers (`--peers llama-server`) take the same arrivals in the same run: llama.cpp's own server on the
 same GGUF file (`make llamacpp-server` builds it; `$LLAMA_SERVER` names another binary), with
 continuous batching over 16 slots sharing one KV pool, and its chat template rendered by its Jinja
-engine as specserve renders it. As bench/peers.py runs llama.cpp: with its weight repacking first (its
-AVX2 / AVX-512 layouts), and without it where that fails to start (its AMX repacking segfaults on
-some VMs; `bench/specserve_bench/peers.py`).
+engine as specserve renders it. As peers.py (beside this file) runs llama.cpp: with its weight
+repacking first (its AVX2 / AVX-512 layouts), and without it where that fails to start (its AMX
+repacking segfaults on some VMs).
 """
 from __future__ import annotations
 
