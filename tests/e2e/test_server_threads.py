@@ -2,6 +2,7 @@
 argument of AsyncLLM's stats snapshot sat inside a comment): the pinned count with --threads, the
 governor's current count without."""
 import http.client
+import threading
 
 import pytest
 
@@ -60,8 +61,6 @@ def test_the_engine_is_built_on_the_thread_that_steps_it(monkeypatch):
     """libgomp keeps an OpenMP pool per thread that runs parallel regions; a model loaded on the
     caller's thread left a second pool beside the stepping thread's, and served tokens took 1.6x
     LLM.generate's time (docs/decisions.md#engine-thread). The caller's thread must run none of it."""
-    import threading
-
     from specserve.engine import async_llm
 
     built_on = []
@@ -81,8 +80,6 @@ def test_the_engine_is_built_on_the_thread_that_steps_it(monkeypatch):
 
 
 def test_a_model_that_cannot_load_raises_from_the_constructor_and_leaves_no_thread():
-    import threading
-
     from specserve import AsyncLLM
 
     before = {t for t in threading.enumerate() if t.name == "specserve-engine"}
@@ -94,8 +91,6 @@ def test_a_model_that_cannot_load_raises_from_the_constructor_and_leaves_no_thre
 def test_a_constructor_that_gives_up_after_the_load_ends_the_engine_thread(monkeypatch):
     """Ctrl-C or an error between the load and the loop's start: the thread that holds the model
     must end (not wait forever for a loop that never starts)."""
-    import threading
-
     from specserve.engine import async_llm
 
     def broken(**_):
