@@ -4,11 +4,15 @@ stepped on another (docs/decisions.md#engine-thread).
 libgomp keeps a pool of OpenMP threads for each thread that runs parallel regions. When the pools'
 threads outnumber the cores, its workers spin ~100 times instead of ~300,000 before sleeping, so
 every one of a step's hundreds of parallel regions pays a wake-up. AsyncLLM (the server's engine)
-once loaded its model on the caller's thread and stepped it on its own. Variants, each in a fresh
-interpreter, in turns:
+once loaded its model on the caller's thread and stepped it on its own; an LLM now frees the loading
+thread's pool once built, and each caller's when generate returns (engine/omp_pool.py). Variants, each
+in a fresh interpreter, in turns:
 - `same`: LLM.generate on the thread that loaded the model (the offline API);
-- `other`: LLM.generate on a second thread, the loading thread's pool still alive (AsyncLLM before);
-- `async`: AsyncLLM as it is now (built on the thread that steps it).
+- `other`: LLM.generate on a second thread (a web handler's), as the LLM is now;
+- `kept`: the same with the loading thread's pool alive again (a parallel torch op run on it after the
+  build: what every LLM did before it freed its pools, and what a program's own torch work on that
+  thread still does; AsyncLLM before it built on its own thread);
+- `async`: AsyncLLM (built on the thread that steps it).
 Each reports the median ms per decoded token of --reps greedy generations (after a warm-up: the
 engine's own per-token figure for `same` and `other`, the time between the first and last streamed
 deltas for `async`) and the thread count the governor (engine/threads.py) ended on.
@@ -50,6 +54,9 @@ else:
     def run():
         for _ in range(reps + 1):
             times.append(per_token(llm))
+    if variant == "kept":
+        import torch
+        torch.randn(1 << 20).exp_()  # a parallel region: this thread's pool again
     if variant == "same":
         run()
     else:
@@ -62,7 +69,7 @@ print(json.dumps({"ms_per_token": statistics.median(times[1:]), "runs": times[1:
                   "threads_at_end": gov.threads if gov else None, "governor_changes": len(gov.changes) if gov else 0}))
 """
 
-VARIANTS = ("same", "other", "async")
+VARIANTS = ("same", "other", "kept", "async")
 
 
 def main() -> None:
@@ -97,8 +104,9 @@ def main() -> None:
              f"{args.rounds} turns. `python bench/engine_thread.py{' --model ' + args.model if args.model else ''} "
              f"--activations {args.activations}`", "",
              "| variant | ms per token, each turn | threads the governor ended on |", "|---|---|---|"]
-    names = {"same": "LLM.generate on the loading thread", "other": "LLM.generate on another thread (AsyncLLM before)",
-             "async": "AsyncLLM now (built on its stepping thread)"}
+    names = {"same": "LLM.generate on the loading thread", "other": "LLM.generate on another thread",
+             "kept": "on another thread, the loading thread's pool alive (before)",
+             "async": "AsyncLLM (built on its stepping thread)"}
     for v in VARIANTS:
         per_turn = " / ".join(f"{x['ms_per_token']:.1f}" for x in rows[v])
         threads = " / ".join(str(x["threads_at_end"]) for x in rows[v])

@@ -26,6 +26,7 @@ from ..registry import MODELS
 from ..types import EngineDeadError, Request, SamplingParams, StreamDelta
 from .llm import LLM, chat_token_ids, prompt_token_ids
 from .nbest import pick
+from .omp_pool import free_thread_pool
 
 Prompt = Union[str, list[int]]
 
@@ -84,7 +85,9 @@ class AsyncLLM:
         # hundreds of regions pays a wake-up. Loading on the caller's thread left its pool beside the
         # stepping thread's: a served token took 1.6x what LLM.generate takes on 2 cores, and the
         # thread governor, seeing the sleeping workers' lost CPU time, then fell back to one thread
-        # (docs/decisions.md#engine-thread). So the caller's thread runs no torch work of the engine.
+        # (docs/decisions.md#engine-thread). So the caller's thread runs no torch work of the engine, and
+        # a pool it kept from earlier work of its own is freed (omp_pool.py).
+        free_thread_pool()
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", key, ids, params, stream) | ("abort", key)
         self._wake = threading.Event()
         self._keys = itertools.count()

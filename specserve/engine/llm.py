@@ -13,6 +13,7 @@ from ..config import CacheConfig, EngineConfig, GuidedConfig, LoadConfig, ModelC
 from ..types import CompletionOutput, Request, RequestOutput, SamplingParams
 from .llm_engine import LLMEngine
 from .nbest import pick
+from .omp_pool import free_thread_pool
 
 Prompt = Union[str, list[int]]
 
@@ -95,8 +96,10 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._lock = threading.Lock()
         self._owner: Optional[int] = None  # the thread inside generate
-        self._builder = threading.current_thread()  # its OpenMP pool lives as long as it does
-        self._warned_thread = self.engine.device.type != "cpu" or torch.get_num_threads() < 2  # nothing to warn of
+        self._builder = threading.current_thread()
+        # The building thread's OpenMP pool goes, so that a step on any thread finds only its own (omp_pool.py).
+        self._frees_pools = free_thread_pool()
+        self._warned_thread = self._frees_pools or self.engine.device.type != "cpu" or torch.get_num_threads() < 2
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]], params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = False, on_text: Optional[TextCallback] = None) -> list[RequestOutput]:
@@ -110,11 +113,13 @@ class LLM:
                 return self._generate(prompts, params, use_tqdm, on_text)
             finally:
                 self._owner = None
+                free_thread_pool()  # the next call may come from another thread
 
     def _warn_if_off_thread(self) -> None:
-        """Once: steps on another thread than the one that built this LLM run slower on CPU. libgomp
-        keeps an OpenMP pool per thread, and while the pools outnumber the cores its threads sleep
-        between a step's parallel regions (1.6x slower on 2 cores: docs/decisions.md#engine-thread)."""
+        """Once, where the OpenMP pools cannot be freed (no libgomp with OpenMP 5.0's pause): steps on
+        another thread than the one that built this LLM run slower on CPU. libgomp keeps an OpenMP pool
+        per thread, and while the pools outnumber the cores its threads sleep between a step's parallel
+        regions (1.7x slower on 2 cores: docs/decisions.md#engine-thread)."""
         if self._warned_thread or threading.current_thread() is self._builder or not self._builder.is_alive():
             return
         self._warned_thread = True

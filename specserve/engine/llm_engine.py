@@ -57,6 +57,7 @@ class LLMEngine:
         # Unpinned CPU threads follow the machine's load (engine/threads.py); --threads pins them.
         self.threads = ThreadGovernor(torch.get_num_threads(), torch.set_num_threads) \
             if not mc.num_threads and self.device.type == "cpu" and torch.get_num_threads() > 1 else None
+        self._pinned_threads = mc.num_threads if self.device.type == "cpu" else None
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device cuda requested but torch sees no CUDA device")
         self.dtype = _DTYPES[mc.resolved_dtype()]
@@ -260,6 +261,11 @@ class LLMEngine:
     def step(self) -> list[tuple[Request, str]]:
         """propose -> schedule -> execute -> verify / sample -> roll back -> append (docs/architecture.md).
         Returns (request, new text) for every request that got tokens."""
+        # libgomp keeps the thread count per thread: the thread stepping now may have another LLM's
+        # count, or the one it started with (torch's last setting), not this engine's.
+        want = self.threads.threads if self.threads is not None else self._pinned_threads
+        if want and torch.get_num_threads() != want:
+            torch.set_num_threads(want)
         if self.threads is None:
             return self._step()
         self.threads.begin()
