@@ -102,7 +102,7 @@ def main() -> None:
              f"CPU: {m['cpu']}, {os.cpu_count()} cores, flags {' '.join(m['flags'])}. Model `{args.model or 'embedded'}`, "
              f"{args.activations} activations, {args.tokens} greedy tokens, median of {args.reps} per turn, "
              f"{args.rounds} turns. `python bench/engine_thread.py{' --model ' + args.model if args.model else ''} "
-             f"--activations {args.activations}`", "",
+             f"--activations {args.activations} --rounds {args.rounds} --reps {args.reps} --tokens {args.tokens}`", "",
              "| variant | ms per token, each turn | threads the governor ended on |", "|---|---|---|"]
     names = {"same": "LLM.generate on the loading thread", "other": "LLM.generate on another thread",
              "kept": "on another thread, the loading thread's pool alive (before)",

@@ -98,7 +98,7 @@ class LLM:
         self._owner: Optional[int] = None  # the thread inside generate
         self._builder = threading.current_thread()
         # The building thread's OpenMP pool goes, so that a step on any thread finds only its own (omp_pool.py).
-        self._frees_pools = free_thread_pool()
+        self._frees_pools = free_thread_pool(refresh=True)  # refresh: the kernels may have brought a libgomp
         self._warned_thread = self._frees_pools or self.engine.device.type != "cpu" or torch.get_num_threads() < 2
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]], params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
@@ -119,12 +119,12 @@ class LLM:
         """Once, where the OpenMP pools cannot be freed (no libgomp with OpenMP 5.0's pause): steps on
         another thread than the one that built this LLM run slower on CPU. libgomp keeps an OpenMP pool
         per thread, and while the pools outnumber the cores its threads sleep between a step's parallel
-        regions (1.7x slower on 2 cores: docs/decisions.md#engine-thread)."""
+        regions (1.7x slower on 2 cores: docs/decisions.md#omp-pools)."""
         if self._warned_thread or threading.current_thread() is self._builder or not self._builder.is_alive():
             return
         self._warned_thread = True
         warnings.warn("LLM.generate runs on another thread than the one that built this LLM: on CPU its steps are up to "
-                      "~1.6x slower there (each thread keeps its own OpenMP pool). Call it from the thread that built "
+                      "~1.7x slower there (each thread keeps its own OpenMP pool). Call it from the thread that built "
                       "the LLM, or use AsyncLLM, which steps on the thread it builds on.", RuntimeWarning, stacklevel=3)
 
     def _generate(self, prompts, params, use_tqdm: bool, on_text: Optional[TextCallback]) -> list[RequestOutput]:

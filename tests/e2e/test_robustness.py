@@ -9,6 +9,7 @@ import pytest
 
 from specserve import LLM, SamplingParams
 from specserve.types import FinishReason
+from tests.os_threads import on_a_thread
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 PROMPT = "def fibonacci(n):"
@@ -192,19 +193,20 @@ def test_an_llm_leaves_no_openmp_pool_on_the_threads_that_built_or_stepped_it(mo
     thread (a web handler's) says nothing and answers the same. Where pools cannot be freed, the first
     such call says once that it is slower, pointing at AsyncLLM (checked with the freeing switched off,
     which also shows the pools the test counts are there). A pool's workers carry the name of the thread
-    that started them (tests/unit/test_omp_pool.py)."""
+    that started them (tests/os_threads.py)."""
     import torch
 
     from specserve.engine import llm as llm_module
-    from tests.unit.test_omp_pool import libgomp_mapped, name_this_thread, threads_named
+    from specserve.engine.omp_pool import libgomp_paths
+    from tests.os_threads import name_this_thread, threads_named
 
-    if not libgomp_mapped():
+    if not libgomp_paths():
         pytest.skip("torch here does not use libgomp")
     before = torch.get_num_threads()
     params = SamplingParams(temperature=0, max_tokens=4)
     ids = lambda m: m.generate("def f(x):", params)[0].outputs[0].token_ids  # noqa: E731
 
-    def build(name):
+    def build(name, settle_to):
         """An LLM built on a thread called `name` that stays alive (as a program's main thread does) until
         the test ends, and the count of threads with that name once it is built."""
         built, done = [], threading.Event()
@@ -214,7 +216,7 @@ def test_an_llm_leaves_no_openmp_pool_on_the_threads_that_built_or_stepped_it(mo
             name_this_thread(name)
             try:
                 llm = LLM(kv_cache_gib=0.125, max_model_len=256, num_threads=2)  # pinned: a pool of one worker
-                built.append((llm, threads_named(name)))
+                built.append((llm, threads_named(name, settle_to)))
             except BaseException as e:
                 built.append(e)
             done.wait(300)
@@ -233,21 +235,21 @@ def test_an_llm_leaves_no_openmp_pool_on_the_threads_that_built_or_stepped_it(mo
         name_this_thread(name)
         during = []
         out = llm.generate("def f(x):", params, on_text=lambda *_: during.append(threads_named(name)))
-        return out[0].outputs[0].token_ids, max(during), threads_named(name)
+        return out[0].outputs[0].token_ids, max(during), threads_named(name, settle_to=1)
 
     alive = []
     try:
-        llm, builder_left = build("spc-build")
+        llm, builder_left = build("spc-build", 1)
         assert builder_left == 1  # the builder alone, its worker gone
         alone = ids(llm)  # first here: the process-wide pools a first generate starts (the tokenizer's) take this name
-        said, (off, pooled, stepper_left) = _on_a_thread(lambda: _warned_while(step, llm, "spc-step"))
+        said, (off, pooled, stepper_left) = on_a_thread(lambda: _warned_while(step, llm, "spc-step"))
         assert said == [] and pooled == 2 and stepper_left == 1  # a pool while stepping, none after
         assert off == alone  # the tokens do not depend on the thread
 
-        monkeypatch.setattr(llm_module, "free_thread_pool", lambda: False)
-        kept, kept_left = build("spc-keep")
+        monkeypatch.setattr(llm_module, "free_thread_pool", lambda refresh=False: False)
+        kept, kept_left = build("spc-keep", 2)
         assert kept_left == 2  # what the count above would read without the freeing
-        off = _on_a_thread(lambda: [_warned_while(ids, kept) for _ in range(2)])
+        off = on_a_thread(lambda: [_warned_while(ids, kept) for _ in range(2)])
         assert len(off[0][0]) == 1 and "AsyncLLM" in off[0][0][0] and "another thread" in off[0][0][0]
         assert off[1][0] == []  # once
         assert off[0][1] == off[1][1] == alone
@@ -280,9 +282,9 @@ def test_each_llm_steps_with_its_own_thread_count_on_any_thread():
         assert (c1, c2) == ([1], [2])
         assert ids1 == ids2
         torch.set_num_threads(2)
-        assert _on_a_thread(lambda: counts(one)) == ([1], ids1)  # a new thread starts at torch's last count
+        assert on_a_thread(lambda: counts(one)) == ([1], ids1)  # a new thread starts at torch's last count
         torch.set_num_threads(1)
-        assert _on_a_thread(lambda: counts(two)) == ([2], ids1)
+        assert on_a_thread(lambda: counts(two)) == ([2], ids1)
     finally:
         torch.set_num_threads(before)
 
@@ -294,20 +296,3 @@ def _warned_while(fn, *args):
         warnings.simplefilter("always")
         out = fn(*args)
     return [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)], out
-
-
-def _on_a_thread(fn):
-    box, errors = [], []
-
-    def run():
-        try:
-            box.append(fn())
-        except BaseException as e:  # raised again here, not lost with the thread
-            errors.append(e)
-
-    th = threading.Thread(target=run)
-    th.start()
-    th.join(300)
-    if errors:
-        raise errors[0]
-    return box[0]

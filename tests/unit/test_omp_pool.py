@@ -1,78 +1,40 @@
 """engine/omp_pool.py: a thread's OpenMP pool is freed, and comes back at its next parallel region
-with the thread's own thread count. A pool's workers are counted by name: Linux gives a new thread
-the name of the thread that created it, so a thread named here finds its workers under its name
-(after torch.set_num_threads, which starts the workers of torch's other pool, pthreadpool's)."""
-import ctypes
+with the thread's own thread count; a forked child of a thread whose pool is freed frees its own.
+Workers are counted by name (tests/os_threads.py)."""
 import os
+import signal
 import sys
-import threading
+import time
 
 import pytest
 import torch
 
-from specserve.engine.omp_pool import free_thread_pool
+from specserve.engine.omp_pool import free_thread_pool, libgomp_paths
+from tests.os_threads import name_this_thread, on_a_thread, threads_named
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names from /proc (Linux)")
-
-PR_SET_NAME = 15
-
-
-def name_this_thread(name: str) -> None:
-    assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode(), 0, 0, 0) == 0
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names from /proc (Linux)"),
+              pytest.mark.skipif(not libgomp_paths(), reason="torch here does not use libgomp")]
 
 
-def threads_named(name: str) -> int:
-    """This process's threads called `name` (a thread and the pool workers it started)."""
-    n = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                n += f.read().strip() == name
-        except OSError:  # a thread that ended meanwhile
-            pass
-    return n
-
-
-def on_a_thread(fn):
-    box, errors = [], []
-
-    def run():
-        try:
-            box.append(fn())
-        except BaseException as e:  # raised again here, not lost with the thread
-            errors.append(e)
-
-    th = threading.Thread(target=run)
-    th.start()
-    th.join(60)
-    if errors:
-        raise errors[0]
-    return box[0]
-
-
-def libgomp_mapped() -> bool:
-    with open("/proc/self/maps") as f:
-        return any("/libgomp" in line for line in f)
-
-
-@pytest.mark.skipif(not libgomp_mapped(), reason="torch here does not use libgomp")
 def test_a_threads_pool_is_freed_and_comes_back_with_its_thread_count():
     def run():
         before = torch.get_num_threads()
         try:
             torch.set_num_threads(3)  # before the name: pthreadpool's workers keep the old one
             name_this_thread("spc-omp-test")
+            no_pool = free_thread_pool(), threads_named("spc-omp-test")
             torch.randn(1 << 20).exp_()  # a parallel region: this thread's pool, two workers
             with_pool = threads_named("spc-omp-test")
             freed = free_thread_pool()
-            after_free = threads_named("spc-omp-test")
+            after_free = threads_named("spc-omp-test", settle_to=1)
             kept = torch.get_num_threads()
             torch.randn(1 << 20).exp_()
-            return with_pool, freed, after_free, kept, threads_named("spc-omp-test")
+            return no_pool, with_pool, freed, after_free, kept, threads_named("spc-omp-test")
         finally:
             torch.set_num_threads(before)
 
-    with_pool, freed, after_free, kept, again = on_a_thread(run)
+    no_pool, with_pool, freed, after_free, kept, again = on_a_thread(run)
+    assert no_pool == (True, 1)  # nothing to free: harmless
     assert with_pool == 3  # the thread and its two workers
     assert freed is True
     assert after_free == 1  # the workers are gone
@@ -80,6 +42,26 @@ def test_a_threads_pool_is_freed_and_comes_back_with_its_thread_count():
     assert again == 3  # and a new pool has it
 
 
-@pytest.mark.skipif(not libgomp_mapped(), reason="torch here does not use libgomp")
-def test_freeing_a_thread_without_a_pool_is_harmless():
-    assert on_a_thread(free_thread_pool) is True
+def test_a_child_forked_from_a_thread_with_a_pool_frees_its_own_and_runs():
+    """The child keeps the forking thread's pool but not its workers; pausing that pool would wait for
+    them forever. The pool is freed before the fork, so the child's freeing and parallel work run."""
+    torch.randn(1 << 20).exp_()  # this thread's pool
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave without running the parent's cleanups
+        ok = free_thread_pool()
+        torch.randn(1 << 20).exp_()
+        os.write(w, b"ok" if ok and free_thread_pool() else b"no")
+        os._exit(0)
+    os.close(w)
+    try:
+        deadline = time.monotonic() + 60
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:  # the bug: the child waits for workers it does not have
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung freeing its pool")
+        assert os.waitstatus_to_exitcode(done[1]) == 0 and os.read(r, 2) == b"ok"
+    finally:
+        os.close(r)
