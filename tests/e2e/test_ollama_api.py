@@ -1,8 +1,10 @@
 """ollama's API (server/routes/ollama.py) with ollama's own client, request for request against
 LLM.chat / LLM.generate on the embedded model: chat and generate, whole and streamed, raw prompts,
 a system prompt, ollama's sampling defaults under a seed, format as a schema, the model list, and
-errors as ollama's {"error": ...}."""
+errors as ollama's {"error": ...}, and `ollama ps`."""
+import datetime
 import json
+import os
 
 import pytest
 
@@ -24,7 +26,7 @@ def served():
     from specserve.server.config import ServerConfig
     llm = AsyncLLM(kv_cache_gib=0.25)
     with running(build_app(llm, ServerConfig())) as port, running(build_app(llm, ServerConfig(api_key="k"))) as guarded:
-        yield ollama.Client(host=f"http://127.0.0.1:{port}", timeout=120), llm.model_name, guarded, port
+        yield ollama.Client(host=f"http://127.0.0.1:{port}", timeout=120), llm.model_name, guarded, port, llm.engine.model_path
     llm.shutdown()
 
 
@@ -76,8 +78,13 @@ def test_format_as_a_schema_is_guided(served):
 
 def test_models_and_errors(served):
     import requests
-    client, model, guarded, port = served
-    assert [m.model for m in client.list().models] == [model]
+    client, model, guarded, port, served_file = served
+    listed = client.list().models
+    assert [m.model for m in listed] == [model]
+    assert listed[0].size == os.path.getsize(served_file) and listed[0].details.family == "llama"  # SmolLM2's GGUF
+    running = client.ps().models  # `ollama ps`: the served model, loaded for good
+    assert [(m.model, m.size) for m in running] == [(model, listed[0].size)]
+    assert running[0].expires_at.year - datetime.datetime.now().year >= 99
     assert "completion" in client.show(model).capabilities
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="nope", messages=CONV)

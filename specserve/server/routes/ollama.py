@@ -1,5 +1,5 @@
-"""ollama's API (/api/chat, /api/generate, /api/tags, /api/show, /api/version) for the clients that
-speak it (ollama's own libraries, LangChain's ChatOllama, Open WebUI's Ollama connection).
+"""ollama's API (/api/chat, /api/generate, /api/tags, /api/ps, /api/show, /api/version) for the clients
+that speak it (ollama's own libraries and CLI, LangChain's ChatOllama, Open WebUI's Ollama connection).
 
 A request is translated into the OpenAI request it means (protocol.py) and runs the same path as
 /v1/chat/completions and /v1/completions (serving.py: the same checks, limits, metrics and aborts);
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import time
 from typing import Any, AsyncIterator, Optional
 
@@ -79,8 +80,13 @@ def router(s: Serving) -> APIRouter:
     r = APIRouter()
 
     def card(name: str) -> dict:
-        return {"name": name, "model": name, "modified_at": _now(), "size": 0, "digest": "",
-                "details": {"format": "gguf", "family": "", "parameter_size": "", "quantization_level": ""}}
+        # a placement's models are replicas elsewhere (cluster/router.py): no local file or engine to read
+        eng = getattr(s.models[name], "engine", None)
+        path = getattr(eng, "model_path", None)
+        size = os.path.getsize(path) if path and os.path.isfile(path) else 0
+        return {"name": name, "model": name, "modified_at": _now(), "size": size, "digest": "",
+                "details": {"format": "gguf", "family": eng.arch.architecture if eng is not None else "",
+                            "parameter_size": "", "quantization_level": ""}}
 
     @r.get("/api/version", include_in_schema=False)
     async def version():
@@ -89,6 +95,12 @@ def router(s: Serving) -> APIRouter:
     @r.get("/api/tags", include_in_schema=False)
     async def tags():
         return {"models": [card(name) for name in s.models]}
+
+    @r.get("/api/ps", include_in_schema=False)
+    async def ps():
+        # every served model stays loaded: expiry a century away, which ollama's CLI shows as "Forever"
+        forever = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=36500)).isoformat()
+        return {"models": [{**card(name), "expires_at": forever.replace("+00:00", "Z"), "size_vram": 0} for name in s.models]}
 
     def model_of(body: dict) -> str:
         """The served model a body names (ollama's "name:latest" is its untagged name); 404 for another."""
