@@ -262,7 +262,10 @@ class LLMEngine:
         """propose -> schedule -> execute -> verify / sample -> roll back -> append (docs/architecture.md).
         Returns (request, new text) for every request that got tokens."""
         # libgomp keeps the thread count per thread: the thread stepping now may have another LLM's
-        # count, or the one it started with (torch's last setting), not this engine's.
+        # count, or the one it started with (torch's last setting), not this engine's. (torch's setter
+        # also sets the process's default for new threads and MKL's count, and rebuilds its pthreadpool
+        # when the count changes: engines with different counts that take turns on one thread pay that
+        # once a turn, not once a step.)
         want = self.threads.threads if self.threads is not None else self._pinned_threads
         if want and torch.get_num_threads() != want:
             torch.set_num_threads(want)

@@ -82,9 +82,12 @@ def test_models_and_errors(served):
     listed = client.list().models
     assert [m.model for m in listed] == [model]
     assert listed[0].size == os.path.getsize(served_file) and listed[0].details.family == "llama"  # SmolLM2's GGUF
-    running = client.ps().models  # `ollama ps`: the served model, loaded for good
-    assert [(m.model, m.size) for m in running] == [(model, listed[0].size)]
+    assert len(listed[0].digest) == 64 and int(listed[0].digest, 16) >= 0  # ollama's CLI prints digest[:12]
+    running = client.ps().models  # `ollama ps`: the served model, loaded for good, on the CPU
+    assert [(m.model, m.size, m.digest, m.size_vram) for m in running] == [(model, listed[0].size, listed[0].digest, 0)]
     assert running[0].expires_at.year - datetime.datetime.now().year >= 99
+    assert running[0].context_length == client.show(model).modelinfo["context_length"]
+    assert requests.head(f"http://127.0.0.1:{port}/", timeout=30).status_code == 200  # ollama's CLI asks this first
     assert "completion" in client.show(model).capabilities
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="nope", messages=CONV)

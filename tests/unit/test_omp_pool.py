@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 
-from specserve.engine.omp_pool import free_thread_pool, libgomp_paths
+from specserve.engine.omp_pool import can_free_pools, free_thread_pool
 from tests.os_threads import name_this_thread, on_a_thread, threads_named
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names from /proc (Linux)"),
-              pytest.mark.skipif(not libgomp_paths(), reason="torch here does not use libgomp")]
+              pytest.mark.skipif(not can_free_pools(), reason="no libgomp with OpenMP 5.0's pause here")]
 
 
 def test_a_threads_pool_is_freed_and_comes_back_with_its_thread_count():
@@ -44,16 +44,28 @@ def test_a_threads_pool_is_freed_and_comes_back_with_its_thread_count():
 
 def test_a_child_forked_from_a_thread_with_a_pool_frees_its_own_and_runs():
     """The child keeps the forking thread's pool but not its workers; pausing that pool would wait for
-    them forever. The pool is freed before the fork, so the child's freeing and parallel work run."""
-    torch.randn(1 << 20).exp_()  # this thread's pool
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report, and leave without running the parent's cleanups
-        ok = free_thread_pool()
-        torch.randn(1 << 20).exp_()
-        os.write(w, b"ok" if ok and free_thread_pool() else b"no")
-        os._exit(0)
-    os.close(w)
+    them forever. The pool is freed before the fork, so the child's freeing and parallel work run.
+    Forked from a thread of its own with a pool of one worker (seen before the fork)."""
+    def fork():
+        before = torch.get_num_threads()
+        try:
+            torch.set_num_threads(2)  # before the name: pthreadpool's workers keep the old one
+            name_this_thread("spc-omp-fork")
+            torch.randn(1 << 20).exp_()  # this thread's pool
+            assert threads_named("spc-omp-fork") == 2
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: report, and leave without running the parent's cleanups
+                ok = free_thread_pool()
+                torch.randn(1 << 20).exp_()
+                os.write(w, b"ok" if ok and free_thread_pool() else b"no")
+                os._exit(0)
+            os.close(w)
+            return pid, r
+        finally:
+            torch.set_num_threads(before)
+
+    pid, r = on_a_thread(fork)
     try:
         deadline = time.monotonic() + 60
         while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:

@@ -19,7 +19,8 @@ def router(s: Serving) -> APIRouter:
     with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "playground.html"), encoding="utf-8") as f:
         playground = f.read()
 
-    @r.get("/", include_in_schema=False)
+    # HEAD too: ollama's CLI checks that a server runs with HEAD / before anything else
+    @r.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def page():
         return HTMLResponse(playground)
 

@@ -16,6 +16,7 @@ with raw it is refused, where ollama ignores it.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import time
@@ -82,11 +83,17 @@ def router(s: Serving) -> APIRouter:
     def card(name: str) -> dict:
         # a placement's models are replicas elsewhere (cluster/router.py): no local file or engine to read
         eng = getattr(s.models[name], "engine", None)
-        path = getattr(eng, "model_path", None)
-        size = os.path.getsize(path) if path and os.path.isfile(path) else 0
-        return {"name": name, "model": name, "modified_at": _now(), "size": size, "digest": "",
-                "details": {"format": "gguf", "family": eng.arch.architecture if eng is not None else "",
-                            "parameter_size": "", "quantization_level": ""}}
+        path = getattr(eng, "model_path", None) or ""
+        files = [path] if os.path.isfile(path) else \
+            [os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith((".safetensors", ".bin"))] if path else []
+        size = sum(os.path.getsize(f) for f in files)
+        # ollama's digest names the model's blobs; its CLI prints the first 12 hex digits (and fails on fewer)
+        key = "\0".join([name, path, str(size), *(str(os.path.getmtime(f)) for f in files)])
+        return {"name": name, "model": name, "modified_at": _now(), "size": size,
+                "digest": hashlib.sha256(key.encode()).hexdigest(),
+                "details": {"format": "safetensors" if os.path.isdir(path) else "gguf",
+                            "family": eng.arch.architecture if eng is not None else "", "parameter_size": "",
+                            "quantization_level": ""}}
 
     @r.get("/api/version", include_in_schema=False)
     async def version():
@@ -100,7 +107,14 @@ def router(s: Serving) -> APIRouter:
     async def ps():
         # every served model stays loaded: expiry a century away, which ollama's CLI shows as "Forever"
         forever = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=36500)).isoformat()
-        return {"models": [{**card(name), "expires_at": forever.replace("+00:00", "Z"), "size_vram": 0} for name in s.models]}
+        out = []
+        for name, m in s.models.items():
+            c = card(name)
+            eng = getattr(m, "engine", None)
+            on_gpu = eng is not None and eng.device.type == "cuda"
+            out.append({**c, "expires_at": forever.replace("+00:00", "Z"), "size_vram": c["size"] if on_gpu else 0,
+                        "context_length": m.max_model_len})
+        return {"models": out}
 
     def model_of(body: dict) -> str:
         """The served model a body names (ollama's "name:latest" is its untagged name); 404 for another."""
