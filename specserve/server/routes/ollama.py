@@ -1,5 +1,6 @@
 """ollama's API (/api/chat, /api/generate, /api/tags, /api/ps, /api/show, /api/version) for the clients
-that speak it (ollama's own libraries and CLI, LangChain's ChatOllama, Open WebUI's Ollama connection).
+that speak it (ollama's own libraries, LangChain's ChatOllama, Open WebUI's Ollama connection; what its
+CLI needs besides, HEAD / and 64-digit digests, is answered, but the CLI has not been run against it).
 
 A request is translated into the OpenAI request it means (protocol.py) and runs the same path as
 /v1/chat/completions and /v1/completions (serving.py: the same checks, limits, metrics and aborts);
