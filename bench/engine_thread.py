@@ -17,7 +17,7 @@ Each reports the median ms per decoded token of --reps greedy generations (after
 engine's own per-token figure for `same` and `other`, the time between the first and last streamed
 deltas for `async`) and the thread count the governor (engine/threads.py) ended on.
 
-    python bench/engine_thread.py [--model qwen2.5-coder-1.5b] [--activations int8] [--rounds 2]
+    python bench/engine_thread.py [--model qwen2.5-coder-1.5b] [--activations int8] [--rounds 2] [--threads N]
 """
 from __future__ import annotations
 
@@ -32,13 +32,14 @@ CHILD = r"""
 import asyncio, json, statistics, sys, threading, time
 from specserve import LLM, AsyncLLM, SamplingParams
 variant, model, activations, reps, tokens = sys.argv[1], sys.argv[2] or None, sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+threads = int(sys.argv[6]) or None  # a pinned count: no governor
 prompt = "def quicksort(arr):\n"
 params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
 def per_token(llm):
     return llm.generate(prompt, params)[0].metrics["per_token_latency"] * 1e3
 times = []
 if variant == "async":
-    llm = AsyncLLM(model, activations=activations)
+    llm = AsyncLLM(model, activations=activations, num_threads=threads)
     async def one():
         first = last = None
         async for _ in llm.generate(prompt, params):
@@ -50,7 +51,7 @@ if variant == "async":
     engine = llm.engine
     llm.shutdown()
 else:
-    llm = LLM(model, activations=activations)
+    llm = LLM(model, activations=activations, num_threads=threads)
     def run():
         for _ in range(reps + 1):
             times.append(per_token(llm))
@@ -79,13 +80,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="turns over the variants")
     ap.add_argument("--reps", type=int, default=2, help="generations per variant and turn (after a warm-up)")
     ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=0, help="pin the engine's thread count (no governor); 0: the governor")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
     rows: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
         for v in VARIANTS:
             p = subprocess.run([sys.executable, "-c", CHILD, v, args.model, args.activations, str(args.reps),
-                                str(args.tokens)], capture_output=True, text=True, timeout=1800)
+                                str(args.tokens), str(args.threads)], capture_output=True, text=True, timeout=1800)
             if p.returncode != 0:
                 raise RuntimeError(f"variant {v} failed: {p.stderr[-800:]}")
             rows[v].append(json.loads(p.stdout.strip().splitlines()[-1]))
@@ -102,14 +104,15 @@ def main() -> None:
              f"CPU: {m['cpu']}, {os.cpu_count()} cores, flags {' '.join(m['flags'])}. Model `{args.model or 'embedded'}`, "
              f"{args.activations} activations, {args.tokens} greedy tokens, median of {args.reps} per turn, "
              f"{args.rounds} turns. `python bench/engine_thread.py{' --model ' + args.model if args.model else ''} "
-             f"--activations {args.activations} --rounds {args.rounds} --reps {args.reps} --tokens {args.tokens}`", "",
+             f"--activations {args.activations} --rounds {args.rounds} --reps {args.reps} --tokens {args.tokens}"
+             f"{f' --threads {args.threads}' if args.threads else ''}`", "",
              "| variant | ms per token, each turn | threads the governor ended on |", "|---|---|---|"]
     names = {"same": "LLM.generate on the loading thread", "other": "LLM.generate on another thread",
              "kept": "on another thread, the loading thread's pool alive (before)",
              "async": "AsyncLLM (built on its stepping thread)"}
     for v in VARIANTS:
         per_turn = " / ".join(f"{x['ms_per_token']:.1f}" for x in rows[v])
-        threads = " / ".join(str(x["threads_at_end"]) for x in rows[v])
+        threads = " / ".join(str(x["threads_at_end"] or f"{args.threads} (pinned)") for x in rows[v])
         lines.append(f"| {names[v]} | {per_turn} | {threads} |")
     with open(path + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
