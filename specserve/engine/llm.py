@@ -98,8 +98,8 @@ class LLM:
         self._owner: Optional[int] = None  # the thread inside generate
         self._builder = threading.current_thread()
         # The building thread's OpenMP pool goes, so that a step on any thread finds only its own (omp_pool.py).
-        self._frees_pools = free_thread_pool(refresh=True)  # refresh: the kernels may have brought a libgomp
-        self._warned_thread = self._frees_pools or self.engine.device.type != "cpu" or torch.get_num_threads() < 2
+        freed = free_thread_pool(refresh=True)  # refresh: the kernels may have brought a libgomp
+        self._warned_thread = freed or self.engine.device.type != "cpu" or torch.get_num_threads() < 2  # nothing to warn of
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]], params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = False, on_text: Optional[TextCallback] = None) -> list[RequestOutput]:

@@ -159,7 +159,7 @@ def test_abort_frees_blocks_drafter_state_and_generators(reference):
     assert_clean(llm, reference)
 
 
-@pytest.mark.filterwarnings("ignore:LLM.generate runs on another thread")  # expected here: slower, same tokens
+@pytest.mark.filterwarnings("ignore:LLM.generate runs on another thread")  # where pools cannot be freed: same tokens
 def test_eight_threads_sharing_one_llm_get_what_each_call_gets_alone(embedded_llm):
     prompts = ["def add(a, b):", "Hello", "The capital of France", "import os", "for i in range(", "x = [",
                "class Stack:", "# a comment"]
